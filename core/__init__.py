@@ -1,0 +1,31 @@
+"""fastps: data-parallel training over a C++ parameter-server pipeline.
+
+Framework plugins live in ``fastps.torch``, ``fastps.tensorflow`` and ``fastps.mxnet``;
+this package is the framework-agnostic API over numpy/buffer-protocol/DLPack arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
+
+__version__ = "0.1.0"
+
+_API = {
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "num_servers", "push_pull", "push_pull_async", "broadcast",
+    "broadcast_async", "barrier", "poll", "synchronize", "Handle",
+}
+
+__all__ = sorted(_API | {"FastPSError", "FastPSAbort", "FastPSTimeoutError", "__version__"})
+
+
+def __getattr__(name: str) -> Any:
+    # The API module imports numpy and the C++ core lazily, so that the scheduler and
+    # launcher (which need neither) start fast and work without a built extension.
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fastps' has no attribute {name!r}")

@@ -1,0 +1,363 @@
+"""The worker-side API: init, push_pull, broadcast, barrier and friends.
+
+One process-wide state holds the scheduler connection (control plane, Python) and the C++
+worker (data plane). The C++ worker never blocks the caller except in ``wait``; every wait
+is bounded by ``FASTPS_OP_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .buffers import RawBuffer, raw_buffer
+from .config import Config
+from .control import ControlClient, Membership
+from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
+
+log = logging.getLogger("fastps.worker")
+
+
+class _State:
+    def __init__(self, cfg: Config, client: Optional[ControlClient], membership: Optional[Membership],
+                 worker: Any) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.membership = membership
+        self.worker = worker
+        self.names = itertools.count()
+        self.barriers = itertools.count()
+        self.declared: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+        self.lock = threading.Lock()
+        self.failed: Optional[str] = None
+
+
+_state: Optional[_State] = None
+_init_lock = threading.Lock()
+
+
+def _core() -> Any:
+    try:
+        from . import _core as core  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - only on a broken install
+        raise FastPSError(f"the fastps C++ core is not built or cannot load: {exc}") from None
+    return core
+
+
+def init(config: Optional[Config] = None) -> None:
+    """Joins the job: registers with the scheduler and connects to every server.
+
+    Without FASTPS_SCHEDULER_ADDR and with one worker, runs as a single process (every
+    collective returns its input), like Horovod without a launcher.
+    """
+    global _state
+    with _init_lock:
+        if _state is not None:
+            return
+        cfg = config or Config.from_env()
+        cfg.setup_logging(f"[worker {cfg.rank}]")
+        core = _core()
+        client: Optional[ControlClient] = None
+        membership: Optional[Membership] = None
+        servers: List[str] = []
+        if cfg.scheduler_addr is None:
+            if cfg.num_workers != 1:
+                cfg.require_scheduler_addr()
+        else:
+            client = ControlClient(
+                cfg.scheduler_addr,
+                cfg.job_id,
+                cfg.token,
+                timeout=cfg.timeout,
+                heartbeat_interval=cfg.heartbeat_interval,
+                heartbeat_timeout=cfg.heartbeat_timeout,
+            )
+            membership = client.register(
+                "worker",
+                cfg.rank,
+                cfg.host,
+                cfg.hostname,
+                num_workers=cfg.num_workers,
+                num_servers=cfg.num_servers,
+            )
+            servers = [s.addr for s in membership.servers if s.addr]
+        worker = core.Worker(
+            rank=cfg.rank,
+            num_workers=cfg.num_workers,
+            servers=servers,
+            job_id=cfg.job_id,
+            token=cfg.token,
+            partition_bytes=cfg.partition_bytes,
+            credit_bytes=cfg.credit_bytes,
+            conns_per_server=cfg.conns_per_server,
+            connect_timeout_s=cfg.timeout,
+        )
+        try:
+            worker.start()
+        except RuntimeError as exc:
+            if client is not None:
+                client.send_abort(f"worker {cfg.rank} could not connect to the servers: {exc}")
+                client.close()
+            raise FastPSError(f"worker {cfg.rank}: {exc}") from None
+        if client is not None:
+            client.on_abort(worker.abort)
+        _state = _State(cfg, client, membership, worker)
+        atexit.register(shutdown)
+        _install_excepthook()
+
+
+def _install_excepthook() -> None:
+    previous = sys.excepthook
+
+    def hook(tp: Any, value: Any, tb: Any) -> None:
+        st = _state
+        if st is not None and st.failed is None:
+            st.failed = f"worker {st.cfg.rank} raised {tp.__name__}: {value}"
+        previous(tp, value, tb)
+
+    sys.excepthook = hook
+
+
+def shutdown() -> None:
+    """Leaves the job. A process that failed tells the scheduler, so peers stop too."""
+    global _state
+    with _init_lock:
+        st = _state
+        _state = None
+    if st is None:
+        return
+    st.worker.shutdown()
+    if st.client is not None:
+        if st.failed:
+            st.client.send_abort(st.failed)
+        st.client.close()
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def _st() -> _State:
+    if _state is None:
+        raise FastPSError("fastps is not initialized: call fastps.init() first")
+    return _state
+
+
+def rank() -> int:
+    return _st().cfg.rank
+
+
+def size() -> int:
+    return _st().cfg.num_workers
+
+
+def _me() -> Any:
+    st = _st()
+    return st.membership.worker(st.cfg.rank) if st.membership else None
+
+
+def local_rank() -> int:
+    me = _me()
+    return me.local_rank if me else 0
+
+
+def local_size() -> int:
+    me = _me()
+    return me.local_size if me else 1
+
+
+def _hosts() -> List[str]:
+    st = _st()
+    if not st.membership:
+        return ["localhost"]
+    seen: Dict[str, None] = {}
+    for w in st.membership.workers:
+        seen.setdefault(w.hostname, None)
+    return list(seen)
+
+
+def cross_rank() -> int:
+    me = _me()
+    return _hosts().index(me.hostname) if me else 0
+
+
+def cross_size() -> int:
+    return len(_hosts())
+
+
+def num_servers() -> int:
+    st = _st()
+    return len(st.membership.servers) if st.membership else 0
+
+
+class Handle:
+    """A running push_pull. ``synchronize()`` waits and returns the output."""
+
+    def __init__(self, st: _State, hid: int, name: str, out: Any, keep: Sequence[Any]) -> None:
+        self._st = st
+        self._id = hid
+        self.name = name
+        self._out = out
+        self._keep = list(keep)
+        self._done = False
+
+    def poll(self) -> bool:
+        if self._done:
+            return True
+        return bool(self._st.worker.poll(self._id))
+
+    def synchronize(self, timeout: Optional[float] = None) -> Any:
+        if not self._done:
+            self._done = True
+            try:
+                self._st.worker.wait(self._id, timeout or self._st.cfg.op_timeout)
+            except RuntimeError as exc:
+                raise _explain(self._st, str(exc)) from None
+            finally:
+                self._keep = []
+        return self._out
+
+    wait = synchronize
+
+    def __del__(self) -> None:
+        # The core may still write into the memory this handle keeps alive.
+        if not self._done and _state is self._st:
+            try:
+                self.synchronize()
+            except Exception:  # noqa: BLE001 - nobody can receive it any more
+                pass
+
+
+def _explain(st: _State, msg: str) -> FastPSError:
+    """Turns a core error into the exception users see, preferring the scheduler's
+    description (which names ranks and shapes) when one is on its way."""
+    client = st.client
+    if client is not None and ("mismatch" in msg or "lost connection" in msg or "disconnected" in msg):
+        deadline = time.monotonic() + 2.0
+        while client.abort_reason is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if client.abort_reason and client.abort_reason not in msg:
+            return FastPSAbort(f"{client.abort_reason} ({msg})")
+    if "did not complete within" in msg:
+        return FastPSTimeoutError(msg)
+    return FastPSAbort(msg) if client is not None and client.abort_reason else FastPSError(msg)
+
+
+def _declare(st: _State, name: str, buf: RawBuffer) -> None:
+    if st.client is None:
+        return
+    sig = (buf.shape, buf.dtype)
+    with st.lock:
+        if name in st.declared:
+            return
+        st.declared[name] = sig
+    st.client.declare(name, list(buf.shape), buf.dtype, st.cfg.rank)
+
+
+def auto_name(prefix: str) -> str:
+    """Names anonymous tensors by call order, which matches across workers."""
+    return f"{prefix}.noname.{next(_st().names)}"
+
+
+def push_pull_raw(
+    in_buf: RawBuffer,
+    out_buf: RawBuffer,
+    name: str,
+    priority: int = 0,
+    scale: float = 1.0,
+    out: Any = None,
+    keep: Sequence[Any] = (),
+) -> Handle:
+    """Lowest-level entry for plugins: buffers already resolved to addresses."""
+    st = _st()
+    if in_buf.nbytes != out_buf.nbytes or in_buf.dtype != out_buf.dtype:
+        raise FastPSError(
+            f"tensor '{name}': output {out_buf.dtype}{list(out_buf.shape)} does not match input "
+            f"{in_buf.dtype}{list(in_buf.shape)}"
+        )
+    _declare(st, name, in_buf)
+    try:
+        hid = st.worker.push_pull(
+            in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority), float(scale)
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise _explain(st, str(exc)) from None
+    return Handle(st, hid, name, out, [in_buf.owner, out_buf.owner, *keep])
+
+
+def push_pull_async(
+    tensor: Any,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    out: Any = None,
+) -> Handle:
+    """Starts summing (or averaging) ``tensor`` over all workers.
+
+    ``out=None`` allocates a new numpy array for the result; ``out=tensor`` works in place.
+    Larger ``priority`` goes first; equal priorities go in submission order.
+    """
+    st = _st()
+    name = name or auto_name("push_pull")
+    src = raw_buffer(tensor, f"tensor '{name}'")
+    if out is None:
+        out = np.empty(src.shape, dtype=src.owner.dtype)
+    dst = raw_buffer(out, f"output of tensor '{name}'", writable=True)
+    scale = 1.0 / st.cfg.num_workers if average else 1.0
+    return push_pull_raw(src, dst, name, priority, scale, out=out)
+
+
+def push_pull(
+    tensor: Any,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    out: Any = None,
+) -> Any:
+    """Sums (or averages) ``tensor`` over all workers and returns the result."""
+    return push_pull_async(tensor, average, name, priority, out).synchronize()
+
+
+def synchronize(handle: Handle) -> Any:
+    return handle.synchronize()
+
+
+def poll(handle: Handle) -> bool:
+    return handle.poll()
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None) -> Handle:
+    """Starts copying root_rank's ``tensor`` to every worker (into ``out``, default new)."""
+    st = _st()
+    if not 0 <= root_rank < st.cfg.num_workers:
+        raise FastPSError(f"broadcast root_rank {root_rank} is not a rank of this job "
+                          f"(size {st.cfg.num_workers})")
+    name = name or auto_name("broadcast")
+    src = raw_buffer(tensor, f"tensor '{name}'")
+    if out is None:
+        out = np.empty(src.shape, dtype=src.owner.dtype)
+    dst = raw_buffer(out, f"output of tensor '{name}'", writable=True)
+    if st.cfg.rank != root_rank:
+        # Every non-root contributes zeros, so the sum is the root's value.
+        dst.owner[...] = 0
+        src = dst
+    return push_pull_raw(src, dst, name, 0, 1.0, out=out)
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None) -> Any:
+    return broadcast_async(tensor, root_rank, name, out).synchronize()
+
+
+def barrier(timeout: Optional[float] = None) -> None:
+    """Returns once every worker has called barrier()."""
+    st = _st()
+    if st.client is None:
+        return
+    st.client.barrier(f"barrier.{next(st.barriers)}", timeout or st.cfg.timeout)

@@ -1,0 +1,113 @@
+// Python bindings (fastps._core). Buffers cross as raw addresses: the Python
+// side extracts them from numpy, the buffer protocol, DLPack or a framework's
+// data_ptr(), so this module is never compiled against a framework.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "common/dtype.h"
+#include "common/hmac_sha256.h"
+#include "kernels/sum.h"
+#include "server/server.h"
+#include "worker/registry.h"
+#include "worker/worker.h"
+
+namespace py = pybind11;
+using namespace fastps;
+
+namespace {
+void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "fastps C++ core: summation server, worker pipeline, kernels";
+
+  m.def("simd_level", [] { return std::string(simd_level()); });
+  m.def("set_simd_level", [](const std::string& l) { return set_simd_level(l.c_str()); });
+  m.def("dtype_size", [](const std::string& d) { return dtype_size(dtype_from_name(d)); });
+  m.def("sum_into", [](uintptr_t dst, uintptr_t src, size_t count, const std::string& dt) {
+    py::gil_scoped_release nogil;
+    sum_into(as_ptr(dst), as_ptr(src), count, dtype_from_name(dt));
+  });
+  m.def("sum_to",
+        [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, const std::string& dt) {
+          py::gil_scoped_release nogil;
+          sum_to(as_ptr(dst), as_ptr(a), as_ptr(b), count, dtype_from_name(dt));
+        });
+  m.def("scale", [](uintptr_t dst, size_t count, const std::string& dt, double f) {
+    py::gil_scoped_release nogil;
+    scale(as_ptr(dst), count, dtype_from_name(dt), f);
+  });
+  m.def("hmac_sha256", [](const py::bytes& key, const py::bytes& msg) {
+    std::string k = key, s = msg;
+    Digest d = hmac_sha256(k.data(), k.size(), s.data(), s.size());
+    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+  });
+  m.def("tensor_id", &tensor_id_of);
+
+  py::class_<Server>(m, "Server")
+      .def(py::init([](uint32_t num_workers, const std::string& job_id, const std::string& token,
+                       const std::string& host, int port, int engine_threads, int io_threads,
+                       uint32_t server_id) {
+             ServerOptions o;
+             o.num_workers = num_workers;
+             o.job_id = job_id;
+             o.token = token;
+             o.host = host;
+             o.port = port;
+             o.engine_threads = engine_threads;
+             o.io_threads = io_threads;
+             o.server_id = server_id;
+             return std::make_unique<Server>(o);
+           }),
+           py::arg("num_workers"), py::arg("job_id"), py::arg("token"),
+           py::arg("host") = "0.0.0.0", py::arg("port") = 0, py::arg("engine_threads") = 1,
+           py::arg("io_threads") = 1, py::arg("server_id") = 0)
+      .def("start", &Server::start, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &Server::stop, py::call_guard<py::gil_scoped_release>())
+      .def("error", &Server::error)
+      .def("parts_summed", &Server::parts_summed)
+      .def("refused_connections", &Server::refused_connections);
+
+  py::class_<Worker>(m, "Worker")
+      .def(py::init([](uint32_t rank, uint32_t num_workers, std::vector<std::string> servers,
+                       const std::string& job_id, const std::string& token,
+                       size_t partition_bytes, size_t credit_bytes, int conns_per_server,
+                       double connect_timeout_s, std::vector<double> server_weights) {
+             WorkerOptions o;
+             o.rank = rank;
+             o.num_workers = num_workers;
+             o.servers = std::move(servers);
+             o.job_id = job_id;
+             o.token = token;
+             o.partition_bytes = partition_bytes;
+             o.credit_bytes = credit_bytes;
+             o.conns_per_server = conns_per_server;
+             o.connect_timeout_s = connect_timeout_s;
+             o.server_weights = std::move(server_weights);
+             return std::make_unique<Worker>(o);
+           }),
+           py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
+           py::arg("token"), py::arg("partition_bytes") = 4u << 20,
+           py::arg("credit_bytes") = 16u << 20, py::arg("conns_per_server") = 2,
+           py::arg("connect_timeout_s") = 60.0,
+           py::arg("server_weights") = std::vector<double>{})
+      .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "push_pull",
+          [](Worker& w, uintptr_t in, uintptr_t out, size_t nbytes, const std::string& dtype,
+             const std::string& name, int priority, double scale) {
+            DType dt = dtype_from_name(dtype);
+            py::gil_scoped_release nogil;
+            return w.push_pull(as_ptr(in), as_ptr(out), nbytes, dt, name, priority, scale);
+          },
+          py::arg("in_ptr"), py::arg("out_ptr"), py::arg("nbytes"), py::arg("dtype"),
+          py::arg("name"), py::arg("priority") = 0, py::arg("scale") = 1.0)
+      .def("poll", &Worker::poll)
+      .def("wait", &Worker::wait, py::arg("handle"), py::arg("timeout_s"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("release", &Worker::release)
+      .def("abort", &Worker::abort, py::call_guard<py::gil_scoped_release>())
+      .def("error", &Worker::error)
+      .def("part_servers", &Worker::part_servers)
+      .def("shutdown", &Worker::shutdown, py::call_guard<py::gil_scoped_release>());
+}

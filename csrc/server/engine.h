@@ -1,0 +1,73 @@
+// One summation engine: a thread that owns a subset of part keys outright, so
+// summing a part needs no lock. Pushes reach it through a queue; when every
+// worker has pushed a part, the engine answers each push with the sum.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/buffer_pool.h"
+#include "transport/tcp.h"
+
+namespace fastps {
+
+struct PushWork {
+  std::shared_ptr<Connection> conn;
+  FrameHeader hdr;
+  std::shared_ptr<Buffer> data;
+};
+
+class SumEngine {
+ public:
+  SumEngine(int index, uint32_t num_workers, uint32_t server_id);
+  ~SumEngine();
+  void start();
+  void stop();
+  void post(PushWork&& w);
+  // Called for frames that fail checks: send kError to every worker's connection.
+  using Broadcast = std::function<void(const FrameHeader&, const std::string&)>;
+  void set_error_broadcast(Broadcast b) { broadcast_error_ = std::move(b); }
+  uint64_t parts_summed() const { return parts_summed_; }
+
+ private:
+  struct KeyState {
+    std::shared_ptr<Buffer> acc;
+    uint32_t count = 0;
+    uint8_t dtype = 0;
+    uint64_t len = 0;
+    uint64_t tensor_bytes = 0;
+    uint64_t round = 0;
+    uint32_t first_rank = 0;
+    std::vector<std::shared_ptr<Connection>> reply_to;
+    std::string error;  // set once the part can no longer be summed
+  };
+  void run();
+  void handle(PushWork& w);
+  void fail(KeyState& st, const FrameHeader& h, const std::string& msg);
+
+  int index_;
+  uint32_t num_workers_;
+  uint32_t server_id_;
+  Broadcast broadcast_error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<PushWork> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+  std::unordered_map<uint64_t, KeyState> keys_;
+  uint64_t parts_summed_ = 0;
+};
+
+// The key of a part: tensor id mixed with the part index.
+inline uint64_t part_key(uint64_t tensor, uint32_t part) {
+  return tensor ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ull);
+}
+
+}  // namespace fastps

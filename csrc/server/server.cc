@@ -1,0 +1,173 @@
+#include "server/server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "transport/handshake.h"
+#include "transport/socket.h"
+
+namespace fastps {
+
+Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
+  if (opts_.num_workers == 0) throw std::invalid_argument("server needs at least one worker");
+  pool_ = std::make_shared<BufferPool>();
+}
+
+Server::~Server() { stop(); }
+
+int Server::start() {
+  int port = 0;
+  listen_fd_ = tcp_listen(opts_.host, opts_.port, &port);
+  for (int i = 0; i < std::max(1, opts_.engine_threads); ++i) {
+    engines_.push_back(std::make_unique<SumEngine>(i, opts_.num_workers, opts_.server_id));
+    engines_.back()->set_error_broadcast(
+        [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });
+    engines_.back()->start();
+  }
+  for (int i = 0; i < std::max(1, opts_.io_threads); ++i) {
+    loops_.push_back(std::make_unique<EventLoop>("server-io-" + std::to_string(i)));
+    loops_.back()->start();
+  }
+  acceptor_ = std::thread([this] { accept_loop(); });
+  LOG_INFO("server " << opts_.server_id << " listening on " << opts_.host << ":" << port);
+  return port;
+}
+
+void Server::stop() {
+  if (stopping_.exchange(true)) return;
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (auto& l : loops_) l->stop();
+  for (auto& e : engines_) e->stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.clear();
+}
+
+std::string Server::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+uint64_t Server::parts_summed() const {
+  uint64_t n = 0;
+  for (auto& e : engines_) n += e->parts_summed();
+  return n;
+}
+
+void Server::accept_loop() {
+  while (!stopping_.load()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    tune_socket(fd);
+    std::string who = peer_name(fd);
+    Peer peer;
+    std::string why;
+    if (!accept_handshake(fd, opts_.job_id, opts_.token, opts_.num_workers,
+                          opts_.handshake_timeout_s, &peer, &why)) {
+      refused_++;
+      LOG_WARN("server " << opts_.server_id << ": refused connection from " << who << ": "
+                         << why);
+      ::close(fd);
+      continue;
+    }
+    std::ostringstream desc;
+    desc << "worker " << peer.rank << " (" << who << ")";
+    auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.push_back(conn);
+    }
+    loops_[next_loop_++ % loops_.size()]->add(conn);
+    LOG_DEBUG("server " << opts_.server_id << ": accepted " << desc.str() << " conn "
+                        << peer.conn_index);
+  }
+}
+
+std::shared_ptr<Connection> Server::find(Connection* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& p : conns_)
+    if (p.get() == c) return p;
+  return nullptr;
+}
+
+void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
+  if (h.type != static_cast<uint8_t>(MsgType::kPush)) {
+    *why = "unexpected frame type " + std::to_string(h.type);
+    return nullptr;
+  }
+  if (h.dtype >= static_cast<uint8_t>(DType::kCount) || h.sender != c->peer().rank ||
+      h.len % dtype_size(static_cast<DType>(h.dtype)) != 0) {
+    *why = "malformed push header";
+    return nullptr;
+  }
+  auto buf = pool_->get(h.len);
+  void* dst = buf->data();
+  c->rx_hold = std::move(buf);
+  return dst;
+}
+
+void Server::on_frame(Connection* c, const FrameHeader& h, void* payload) {
+  PushWork w;
+  w.conn = find(c);
+  w.hdr = h;
+  w.data = std::static_pointer_cast<Buffer>(std::move(c->rx_hold));
+  if (!w.conn) return;
+  if (!w.data) w.data = pool_->get(0);
+  uint64_t key = part_key(h.tensor, h.part);
+  engines_[(key >> 7) % engines_.size()]->post(std::move(w));
+}
+
+void Server::broadcast(MsgType type, const FrameHeader& about, const std::string& msg) {
+  std::vector<std::shared_ptr<Connection>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<bool> seen(opts_.num_workers, false);
+    for (auto& c : conns_) {
+      if (c->closed() || seen[c->peer().rank]) continue;
+      seen[c->peer().rank] = true;
+      targets.push_back(c);
+    }
+  }
+  auto text = std::make_shared<std::string>(msg);
+  FrameHeader h = about;
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint8_t>(type);
+  h.sender = opts_.server_id;
+  h.len = text->size();
+  for (auto& c : targets) c->send(h, text->data(), text->size(), [text] {});
+}
+
+void Server::on_close(Connection* c, bool clean, const std::string& reason) {
+  std::shared_ptr<Connection> keep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(conns_.begin(), conns_.end(),
+                           [c](const std::shared_ptr<Connection>& p) { return p.get() == c; });
+    if (it != conns_.end()) {
+      keep = *it;
+      conns_.erase(it);
+    }
+  }
+  if (clean || stopping_.load()) return;
+  std::ostringstream os;
+  os << c->desc() << " disconnected from server " << opts_.server_id << ": " << reason;
+  LOG_WARN(os.str());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = os.str();
+  }
+  FrameHeader h{};
+  broadcast(MsgType::kFatal, h, os.str());
+}
+
+}  // namespace fastps

@@ -1,0 +1,65 @@
+// The summation server process's core: accepts authenticated worker
+// connections, receives pushes into pooled page-aligned buffers and routes
+// each part to the engine thread that owns it.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/buffer_pool.h"
+#include "server/engine.h"
+#include "transport/tcp.h"
+
+namespace fastps {
+
+struct ServerOptions {
+  uint32_t server_id = 0;
+  uint32_t num_workers = 1;
+  std::string job_id;
+  std::string token;
+  std::string host = "0.0.0.0";
+  int port = 0;
+  int io_threads = 1;
+  int engine_threads = 1;
+  double handshake_timeout_s = 5.0;
+};
+
+class Server : public FrameHandler {
+ public:
+  explicit Server(ServerOptions opts);
+  ~Server() override;
+  // Binds and starts serving; returns the bound port.
+  int start();
+  void stop();
+  // "" while healthy; otherwise why the job cannot go on (a worker vanished).
+  std::string error() const;
+  uint64_t parts_summed() const;
+  int refused_connections() const { return refused_.load(); }
+
+  void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
+  void on_frame(Connection* c, const FrameHeader& h, void* payload) override;
+  void on_close(Connection* c, bool clean, const std::string& reason) override;
+
+ private:
+  void accept_loop();
+  void broadcast(MsgType type, const FrameHeader& about, const std::string& msg);
+  std::shared_ptr<Connection> find(Connection* c);
+
+  ServerOptions opts_;
+  int listen_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> refused_{0};
+  std::thread acceptor_;
+  std::shared_ptr<BufferPool> pool_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+  std::vector<std::unique_ptr<SumEngine>> engines_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Connection>> conns_;
+  std::string error_;
+  int next_loop_ = 0;
+};
+
+}  // namespace fastps

@@ -1,0 +1,180 @@
+#include "transport/socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace fastps {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+bool wait_fd(int fd, short events, double deadline) {
+  while (true) {
+    double left = deadline - now_s();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) return false;
+  }
+}
+
+}  // namespace
+
+void split_addr(const std::string& addr, std::string* host, int* port) {
+  auto pos = addr.rfind(':');
+  if (pos == std::string::npos) throw std::invalid_argument("address '" + addr + "' has no port");
+  *host = addr.substr(0, pos);
+  *port = std::stoi(addr.substr(pos + 1));
+}
+
+void set_nonblocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Large socket buffers keep a whole part in flight on fast links.
+  int buf = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+static sockaddr_in resolve(const std::string& host, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (host.empty() || host == "0.0.0.0") {
+    sa.sin_addr.s_addr = INADDR_ANY;
+  } else if (inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
+      throw std::runtime_error("cannot resolve host '" + host + "'");
+    sa.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+  }
+  return sa;
+}
+
+int tcp_connect(const std::string& addr, double timeout_s) {
+  std::string host;
+  int port = 0;
+  split_addr(addr, &host, &port);
+  sockaddr_in sa = resolve(host, port);
+  double deadline = now_s() + timeout_s;
+  std::string last_err = "timed out";
+  while (now_s() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket(): ") + strerror(errno));
+    tune_socket(fd);
+    set_nonblocking(fd, true);
+    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    if (rc != 0 && errno == EINPROGRESS) {
+      if (wait_fd(fd, POLLOUT, deadline)) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        errno = ETIMEDOUT;
+      }
+    }
+    if (rc == 0) {
+      set_nonblocking(fd, false);
+      return fd;
+    }
+    last_err = strerror(errno);
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw std::runtime_error("cannot connect to " + addr + " within " + std::to_string(timeout_s) +
+                           " s: " + last_err);
+}
+
+int tcp_listen(const std::string& host, int port, int* bound_port) {
+  sockaddr_in sa = resolve(host, port);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket(): ") + strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    std::string err = strerror(errno);
+    ::close(fd);
+    throw std::runtime_error("cannot bind " + host + ":" + std::to_string(port) + ": " + err);
+  }
+  if (::listen(fd, 256) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("listen(): ") + strerror(errno));
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *bound_port = ntohs(sa.sin_port);
+  return fd;
+}
+
+bool read_full(int fd, void* buf, size_t len, double timeout_s) {
+  double deadline = now_s() + timeout_s;
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      return false;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (!wait_fd(fd, POLLIN, deadline)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* buf, size_t len, double timeout_s) {
+  double deadline = now_s() + timeout_s;
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string peer_name(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "?";
+  char ip[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+  return std::string(ip) + ":" + std::to_string(ntohs(sa.sin_port));
+}
+
+}  // namespace fastps

@@ -1,0 +1,22 @@
+// Thin, timeout-bounded helpers over POSIX TCP sockets.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace fastps {
+
+// "host:port" -> connected blocking socket with TCP_NODELAY. Retries refused
+// connections until timeout_s; throws std::runtime_error naming the address.
+int tcp_connect(const std::string& addr, double timeout_s);
+// Listening socket on host:port (port 0 picks one); returns fd, sets *bound_port.
+int tcp_listen(const std::string& host, int port, int* bound_port);
+void set_nonblocking(int fd, bool on);
+void tune_socket(int fd);
+// Reads/writes exactly len bytes on a blocking or non-blocking fd, waiting at
+// most timeout_s overall. Return false on timeout, EOF or error.
+bool read_full(int fd, void* buf, size_t len, double timeout_s);
+bool write_full(int fd, const void* buf, size_t len, double timeout_s);
+std::string peer_name(int fd);
+void split_addr(const std::string& addr, std::string* host, int* port);
+
+}  // namespace fastps

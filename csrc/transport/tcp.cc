@@ -1,0 +1,268 @@
+#include "transport/tcp.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "common/logging.h"
+#include "transport/socket.h"
+
+namespace fastps {
+
+Connection::Connection(int fd, Peer peer, std::string desc, FrameHandler* handler)
+    : fd_(fd), peer_(peer), desc_(std::move(desc)), handler_(handler) {
+  set_nonblocking(fd_, true);
+}
+
+Connection::~Connection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool Connection::send(const FrameHeader& h, const void* payload, size_t len,
+                      std::function<void()> on_sent) {
+  std::vector<std::function<void()>> completed;
+  bool ok = true;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (closed_.load()) return false;
+    sendq_.push_back(SendItem{h, payload, len, 0, std::move(on_sent)});
+    // Only the first queued item writes directly; otherwise the loop (or the
+    // writer ahead of us) drains the queue in order.
+    if (sendq_.size() == 1 && !want_write_) {
+      ok = flush_locked(&completed);
+      if (ok && !sendq_.empty()) set_want_write(true);
+    }
+  }
+  for (auto& cb : completed)
+    if (cb) cb();
+  if (!ok) {
+    // The loop sees the error on its next wakeup (EPOLLERR/EPOLLHUP) and closes.
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+  return true;
+}
+
+bool Connection::flush_locked(std::vector<std::function<void()>>* completed) {
+  constexpr int kMaxIov = 64;
+  while (!sendq_.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = sendq_.begin(); it != sendq_.end() && n + 2 <= kMaxIov; ++it) {
+      size_t skip = it->done;
+      if (skip < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&it->hdr) + skip, sizeof(FrameHeader) - skip};
+        skip = 0;
+      } else {
+        skip -= sizeof(FrameHeader);
+      }
+      if (it->len > skip)
+        iov[n++] = {const_cast<char*>(static_cast<const char*>(it->payload)) + skip,
+                    it->len - skip};
+    }
+    ssize_t w = ::writev(fd_, iov, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      return false;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !sendq_.empty()) {
+      SendItem& it = sendq_.front();
+      size_t total = sizeof(FrameHeader) + it.len;
+      size_t take = std::min(left, total - it.done);
+      it.done += take;
+      left -= take;
+      if (it.done == total) {
+        completed->push_back(std::move(it.on_sent));
+        sendq_.pop_front();
+      }
+    }
+  }
+  return true;
+}
+
+void Connection::set_want_write(bool on) {
+  if (want_write_ == on || epfd_ < 0) {
+    want_write_ = on;
+    return;
+  }
+  want_write_ = on;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  ev.data.ptr = this;
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev);
+}
+
+bool Connection::on_readable(std::string* why, bool* clean) {
+  // Bounded so one busy connection cannot starve the others on this loop.
+  for (int rounds = 0; rounds < 64; ++rounds) {
+    if (!rx_in_payload_) {
+      ssize_t n = ::recv(fd_, reinterpret_cast<char*>(&rx_hdr_) + rx_hdr_got_,
+                         sizeof(FrameHeader) - rx_hdr_got_, 0);
+      if (n == 0) {
+        *clean = saw_bye_;
+        *why = saw_bye_ ? "closed after bye" : "connection closed by peer";
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+        *why = std::string("receive failed: ") + strerror(errno);
+        return false;
+      }
+      rx_hdr_got_ += static_cast<size_t>(n);
+      if (rx_hdr_got_ < sizeof(FrameHeader)) continue;
+      rx_hdr_got_ = 0;
+      if (rx_hdr_.magic != kFrameMagic || rx_hdr_.len > kMaxPartBytes) {
+        *why = "malformed frame header";
+        return false;
+      }
+      if (rx_hdr_.type == static_cast<uint8_t>(MsgType::kBye)) {
+        saw_bye_ = true;
+        continue;
+      }
+      rx_dst_ = static_cast<char*>(handler_->on_header(this, rx_hdr_, why));
+      if (!rx_dst_ && rx_hdr_.len > 0) return false;
+      rx_got_ = 0;
+      if (rx_hdr_.len == 0) {
+        handler_->on_frame(this, rx_hdr_, rx_dst_);
+        continue;
+      }
+      rx_in_payload_ = true;
+    }
+    ssize_t n = ::recv(fd_, rx_dst_ + rx_got_, rx_hdr_.len - rx_got_, 0);
+    if (n == 0) {
+      *why = "connection closed by peer in the middle of a frame";
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+      *why = std::string("receive failed: ") + strerror(errno);
+      return false;
+    }
+    rx_got_ += static_cast<size_t>(n);
+    if (rx_got_ == rx_hdr_.len) {
+      rx_in_payload_ = false;
+      handler_->on_frame(this, rx_hdr_, rx_dst_);
+    }
+  }
+  return true;
+}
+
+EventLoop::EventLoop(std::string name) : name_(std::move(name)) {
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || wakefd_ < 0) throw std::runtime_error("epoll/eventfd creation failed");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
+}
+
+EventLoop::~EventLoop() {
+  stop();
+  ::close(epfd_);
+  ::close(wakefd_);
+}
+
+void EventLoop::start() { thread_ = std::thread([this] { run(); }); }
+
+void EventLoop::stop() {
+  if (stop_.exchange(true)) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  uint64_t one = 1;
+  (void)!::write(wakefd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : conns_) {
+    std::lock_guard<std::mutex> sl(kv.first->send_mu_);
+    kv.first->closed_ = true;
+    kv.first->sendq_.clear();
+  }
+  conns_.clear();
+}
+
+void EventLoop::add(const std::shared_ptr<Connection>& c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_[c.get()] = c;
+  }
+  std::lock_guard<std::mutex> sl(c->send_mu_);
+  c->epfd_ = epfd_;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (c->want_write_ ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  ev.data.ptr = c.get();
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, c->fd_, &ev);
+}
+
+void EventLoop::close(Connection* c) { ::shutdown(c->fd_, SHUT_RDWR); }
+
+void EventLoop::drop(Connection* c, bool clean, const std::string& reason) {
+  std::shared_ptr<Connection> keep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(c);
+    if (it == conns_.end()) return;
+    keep = it->second;
+    conns_.erase(it);
+  }
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd_, nullptr);
+  {
+    std::lock_guard<std::mutex> sl(c->send_mu_);
+    c->closed_ = true;
+    c->sendq_.clear();
+  }
+  c->handler_->on_close(c, clean, reason);
+}
+
+void EventLoop::run() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  while (!stop_.load()) {
+    int n = epoll_wait(epfd_, events, kMaxEvents, 500);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      LOG_ERROR(name_ << ": epoll_wait failed: " << strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n && !stop_.load(); ++i) {
+      auto* c = static_cast<Connection*>(events[i].data.ptr);
+      if (!c) continue;  // wakeup
+      uint32_t ev = events[i].events;
+      std::string why;
+      bool clean = false;
+      if (ev & EPOLLIN) {
+        if (!c->on_readable(&why, &clean)) {
+          drop(c, clean, why);
+          continue;
+        }
+      }
+      if (ev & EPOLLOUT) {
+        std::vector<std::function<void()>> completed;
+        bool ok;
+        {
+          std::lock_guard<std::mutex> sl(c->send_mu_);
+          ok = c->flush_locked(&completed);
+          if (ok && c->sendq_.empty()) c->set_want_write(false);
+        }
+        for (auto& cb : completed)
+          if (cb) cb();
+        if (!ok) {
+          drop(c, false, std::string("send failed: ") + strerror(errno));
+          continue;
+        }
+      }
+      if ((ev & (EPOLLERR | EPOLLHUP)) && !(ev & EPOLLIN)) {
+        drop(c, c->saw_bye_, "connection error or hangup");
+      }
+    }
+  }
+}
+
+}  // namespace fastps

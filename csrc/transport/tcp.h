@@ -1,0 +1,116 @@
+// TCP transport: an epoll loop thread that receives frames straight into
+// memory the owner chooses, and connections whose sends are scatter-gather
+// (header + caller's memory, no copy) with a queue drained by the loop.
+#pragma once
+#include <sys/uio.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "transport/handshake.h"
+#include "transport/wire.h"
+
+namespace fastps {
+
+class Connection;
+
+// Implemented by the server engine and the worker. Called on the loop thread.
+class FrameHandler {
+ public:
+  virtual ~FrameHandler() = default;
+  // A header arrived; return where its hdr.len payload bytes go. Return nullptr
+  // with *why set to reject the frame, which closes this connection only.
+  virtual void* on_header(Connection* c, const FrameHeader& h, std::string* why) = 0;
+  // The whole payload is in place.
+  virtual void on_frame(Connection* c, const FrameHeader& h, void* payload) = 0;
+  // The connection is gone. clean is true after the peer said kBye.
+  virtual void on_close(Connection* c, bool clean, const std::string& reason) = 0;
+};
+
+class Connection {
+ public:
+  Connection(int fd, Peer peer, std::string desc, FrameHandler* handler);
+  ~Connection();
+
+  // Queues header + payload; the payload memory must stay valid until on_sent
+  // runs (or the connection dies, in which case on_sent is dropped unrun).
+  // Returns false if the connection is already closed.
+  bool send(const FrameHeader& h, const void* payload, size_t len,
+            std::function<void()> on_sent = nullptr);
+  const Peer& peer() const { return peer_; }
+  const std::string& desc() const { return desc_; }
+  bool closed() const { return closed_.load(); }
+  // True when nothing is waiting to be written.
+  bool idle() {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    return sendq_.empty();
+  }
+  // Owner's slot for the object a frame is being received into.
+  std::shared_ptr<void> rx_hold;
+
+ private:
+  friend class EventLoop;
+  struct SendItem {
+    FrameHeader hdr;
+    const void* payload;
+    size_t len;
+    size_t done;  // bytes of header+payload already written
+    std::function<void()> on_sent;
+  };
+  // Writes as much as the socket takes; collects completed callbacks.
+  // Returns false on a fatal socket error. Caller holds send_mu_.
+  bool flush_locked(std::vector<std::function<void()>>* completed);
+  // Reads what is available; returns false when the connection must close.
+  bool on_readable(std::string* why, bool* clean);
+  void set_want_write(bool on);
+
+  int fd_;
+  int epfd_ = -1;
+  Peer peer_;
+  std::string desc_;
+  FrameHandler* handler_;
+  std::atomic<bool> closed_{false};
+  bool saw_bye_ = false;
+
+  std::mutex send_mu_;
+  std::deque<SendItem> sendq_;
+  bool want_write_ = false;
+
+  // Receive state, touched only by the loop thread.
+  FrameHeader rx_hdr_{};
+  size_t rx_hdr_got_ = 0;
+  char* rx_dst_ = nullptr;
+  size_t rx_got_ = 0;
+  bool rx_in_payload_ = false;
+};
+
+class EventLoop {
+ public:
+  explicit EventLoop(std::string name);
+  ~EventLoop();
+  void start();
+  void stop();
+  void add(const std::shared_ptr<Connection>& c);
+  // Shuts a connection down from any thread; on_close runs on the loop thread.
+  void close(Connection* c);
+
+ private:
+  void run();
+  void drop(Connection* c, bool clean, const std::string& reason);
+
+  std::string name_;
+  int epfd_;
+  int wakefd_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::unordered_map<Connection*, std::shared_ptr<Connection>> conns_;
+};
+
+}  // namespace fastps

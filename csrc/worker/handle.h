@@ -1,0 +1,46 @@
+// Completion state of one push_pull: done when every part's sum is back.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "worker/partitioner.h"
+#include "worker/registry.h"
+
+namespace fastps {
+
+struct Handle {
+  int64_t id = 0;
+  TensorEntry* tensor = nullptr;
+  const char* in = nullptr;
+  char* out = nullptr;
+  size_t nbytes = 0;
+  DType dtype = DType::kFloat32;
+  double scale = 1.0;
+  int priority = 0;
+  std::vector<PartSpan> parts;
+  std::atomic<uint32_t> remaining{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;  // empty on success
+
+  // First caller wins; later completions/failures are ignored.
+  bool finish(const std::string& err) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done) return false;
+      done = true;
+      error = err;
+    }
+    cv.notify_all();
+    return true;
+  }
+};
+
+}  // namespace fastps

@@ -1,0 +1,107 @@
+// The worker's communication service: push_pull cuts a tensor into parts,
+// queues them by priority per server, and a push-stage thread hands them to
+// the transport within each server's credit window. Each server answers a
+// push with the summed part, received straight into the output memory.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.h"
+#include "transport/tcp.h"
+#include "worker/handle.h"
+#include "worker/partitioner.h"
+#include "worker/registry.h"
+
+namespace fastps {
+
+struct WorkerOptions {
+  uint32_t rank = 0;
+  uint32_t num_workers = 1;
+  std::vector<std::string> servers;      // "host:port" per server id
+  std::vector<double> server_weights;    // empty: equal
+  std::string job_id;
+  std::string token;
+  size_t partition_bytes = 4u << 20;
+  size_t credit_bytes = 16u << 20;
+  int conns_per_server = 2;
+  double connect_timeout_s = 60.0;
+};
+
+class Worker : public FrameHandler {
+ public:
+  explicit Worker(WorkerOptions opts);
+  ~Worker() override;
+  void start();
+  // Starts summing nbytes at `in` across workers into `out` (may equal in),
+  // multiplied by scale. Memory must stay valid until the handle completes.
+  int64_t push_pull(const void* in, void* out, size_t nbytes, DType dt, const std::string& name,
+                    int priority, double scale);
+  bool poll(int64_t handle);
+  // Waits, releases the handle, throws std::runtime_error on failure/timeout.
+  void wait(int64_t handle, double timeout_s);
+  void release(int64_t handle);
+  // Fails every pending and future operation with this reason.
+  void abort(const std::string& reason);
+  std::string error() const;
+  void shutdown();
+  std::vector<uint32_t> part_servers(const std::string& name, size_t nbytes, size_t elem) const;
+
+  void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
+  void on_frame(Connection* c, const FrameHeader& h, void* payload) override;
+  void on_close(Connection* c, bool clean, const std::string& reason) override;
+
+ private:
+  struct PartTask {
+    std::shared_ptr<Handle> handle;
+    PartSpan span;
+    uint64_t seq;
+  };
+  struct TaskOrder {
+    bool operator()(const PartTask& a, const PartTask& b) const {
+      if (a.handle->priority != b.handle->priority) return a.handle->priority < b.handle->priority;
+      return a.seq > b.seq;  // FIFO among equal priorities
+    }
+  };
+  void push_loop();
+  void send_part(const PartTask& t);
+  void part_done(const std::shared_ptr<Handle>& h);
+  void fail_handle(const std::shared_ptr<Handle>& h, const std::string& msg);
+  std::shared_ptr<Handle> get(int64_t id) const;
+
+  WorkerOptions opts_;
+  Partitioner partitioner_;
+  TensorRegistry registry_;
+  std::unique_ptr<EventLoop> loop_;
+  std::vector<std::vector<std::shared_ptr<Connection>>> conns_;  // [server][k]
+
+  // Push stage.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::vector<std::priority_queue<PartTask, std::vector<PartTask>, TaskOrder>> queues_;
+  std::vector<size_t> inflight_;
+  uint64_t seq_ = 0;
+  bool stop_ = false;
+  std::thread pusher_;
+
+  // Parts waiting for their sum, by part key.
+  mutable std::mutex pending_mu_;
+  std::unordered_map<uint64_t, PartTask> pending_;
+  std::unordered_map<uint64_t, std::string> failed_tensors_;
+
+  mutable std::mutex handles_mu_;
+  std::unordered_map<int64_t, std::shared_ptr<Handle>> handles_;
+  int64_t next_handle_ = 1;
+
+  mutable std::mutex err_mu_;
+  std::string error_;
+  bool shutting_down_ = false;
+};
+
+}  // namespace fastps
