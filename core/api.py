@@ -298,18 +298,20 @@ def push_pull_async(
     name: Optional[str] = None,
     priority: int = 0,
     out: Any = None,
+    dtype: Optional[str] = None,
 ) -> Handle:
     """Starts summing (or averaging) ``tensor`` over all workers.
 
     ``out=None`` allocates a new numpy array for the result; ``out=tensor`` works in place.
-    Larger ``priority`` goes first; equal priorities go in submission order.
+    Larger ``priority`` goes first; equal priorities go in submission order. ``dtype``
+    reinterprets the elements (numpy has no bfloat16: pass uint16 bits with "bfloat16").
     """
     st = _st()
     name = name or auto_name("push_pull")
-    src = raw_buffer(tensor, f"tensor '{name}'")
+    src = raw_buffer(tensor, f"tensor '{name}'", dtype=dtype)
     if out is None:
         out = np.empty(src.shape, dtype=src.owner.dtype)
-    dst = raw_buffer(out, f"output of tensor '{name}'", writable=True)
+    dst = raw_buffer(out, f"output of tensor '{name}'", writable=True, dtype=dtype)
     scale = 1.0 / st.cfg.num_workers if average else 1.0
     return push_pull_raw(src, dst, name, priority, scale, out=out)
 
@@ -320,9 +322,10 @@ def push_pull(
     name: Optional[str] = None,
     priority: int = 0,
     out: Any = None,
+    dtype: Optional[str] = None,
 ) -> Any:
     """Sums (or averages) ``tensor`` over all workers and returns the result."""
-    return push_pull_async(tensor, average, name, priority, out).synchronize()
+    return push_pull_async(tensor, average, name, priority, out, dtype).synchronize()
 
 
 def synchronize(handle: Handle) -> Any:

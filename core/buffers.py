@@ -7,7 +7,7 @@ Accepts numpy arrays, anything with the buffer protocol, and anything with ``__d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ SUPPORTED_DTYPES = (
     "int16",
     "bool",
 )
+
+
+_ITEMSIZE_OF = {"bfloat16": "uint16"}
 
 
 @dataclass
@@ -64,9 +67,17 @@ def as_numpy(obj: Any, what: str = "tensor") -> np.ndarray:
     return arr
 
 
-def raw_buffer(obj: Any, what: str = "tensor", writable: bool = False) -> RawBuffer:
+def raw_buffer(
+    obj: Any, what: str = "tensor", writable: bool = False, dtype: Optional[str] = None
+) -> RawBuffer:
+    """``dtype`` reinterprets the memory (e.g. uint16 bit patterns as "bfloat16")."""
     arr = as_numpy(obj, what)
     name = arr.dtype.name
+    if dtype is not None and dtype != name:
+        if dtype not in SUPPORTED_DTYPES or np.dtype(_ITEMSIZE_OF.get(dtype, dtype)).itemsize != \
+                arr.dtype.itemsize:
+            raise FastPSError(f"{what}: cannot treat {name} elements as {dtype}")
+        name = dtype
     if name not in SUPPORTED_DTYPES:
         raise FastPSError(f"{what}: dtype {name} is not supported (supported: {SUPPORTED_DTYPES})")
     if writable and not arr.flags.writeable:

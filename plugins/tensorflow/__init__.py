@@ -1,0 +1,1 @@
+"""fastps plugin (being built)."""

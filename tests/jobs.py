@@ -1,0 +1,117 @@
+"""Starts fastps jobs for tests the way an external launcher would: the scheduler in this
+process, servers and workers as subprocesses configured only by FASTPS_* variables.
+
+Unlike fastpsrun, nothing here stops the other processes when one dies, so tests see what
+fastps itself does about a dead or misbehaving peer.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from fastps.scheduler import Scheduler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+
+
+@dataclass
+class Proc:
+    role: str
+    index: int
+    popen: subprocess.Popen
+    lines: List[str] = field(default_factory=list)
+    exited_at: Optional[float] = None
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+class Job:
+    def __init__(self, num_workers: int, num_servers: int, argv: List[str],
+                 env: Optional[Dict[str, str]] = None, heartbeat_timeout: float = 5.0) -> None:
+        self.job_id = "t" + secrets.token_hex(3)
+        self.token = secrets.token_hex(16)
+        self.scheduler = Scheduler(num_workers, num_servers, self.job_id, self.token,
+                                   timeout=30.0, heartbeat_timeout=heartbeat_timeout)
+        self.scheduler.start()
+        base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
+        base.update(env or {})
+        base.update({
+            "FASTPS_SCHEDULER_ADDR": self.scheduler.address_text,
+            "FASTPS_JOB_ID": self.job_id,
+            "FASTPS_TOKEN": self.token,
+            "FASTPS_NUM_WORKERS": str(num_workers),
+            "FASTPS_NUM_SERVERS": str(num_servers),
+            "FASTPS_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+            "FASTPS_HOST": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        self.procs: List[Proc] = []
+        for s in range(num_servers):
+            self._spawn("server", s, [sys.executable, "-m", "fastps.server"],
+                        dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s)))
+        for r in range(num_workers):
+            self._spawn("worker", r, [sys.executable, *argv],
+                        dict(base, FASTPS_ROLE="worker", FASTPS_RANK=str(r)))
+
+    def _spawn(self, role: str, index: int, argv: List[str], env: Dict[str, str]) -> None:
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+        proc = Proc(role, index, p)
+        self.procs.append(proc)
+
+        def pump() -> None:
+            assert p.stdout is not None
+            for line in p.stdout:
+                proc.lines.append(line)
+            p.wait()
+            proc.exited_at = time.monotonic()
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def proc(self, role: str, index: int) -> Proc:
+        return next(p for p in self.procs if p.role == role and p.index == index)
+
+    def workers(self) -> List[Proc]:
+        return [p for p in self.procs if p.role == "worker"]
+
+    def wait(self, timeout: float, procs: Optional[List[Proc]] = None) -> None:
+        """Waits for the given processes (default: all) to exit; kills all on timeout."""
+        deadline = time.monotonic() + timeout
+        for p in procs if procs is not None else self.procs:
+            while p.exited_at is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if p.exited_at is None:
+                self.close()
+                raise AssertionError(f"{p.role} {p.index} still running after {timeout} s:\n"
+                                     + self.dump())
+        time.sleep(0.05)  # let the output pumps finish
+
+    def dump(self) -> str:
+        return "\n".join(f"--- {p.role} {p.index} (rc {p.popen.returncode}) ---\n{p.output}"
+                         for p in self.procs)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                try:
+                    os.killpg(p.popen.pid, 9)
+                except ProcessLookupError:
+                    pass
+                p.popen.wait(timeout=10)
+        self.scheduler.stop()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

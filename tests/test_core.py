@@ -1,0 +1,97 @@
+"""Multi-process tests of the core: real scheduler, servers, workers and sockets."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jobs import WORKERS, Job
+
+CORE_WORKER = os.path.join(WORKERS, "core_worker.py")
+FAULT_WORKER = os.path.join(WORKERS, "fault_worker.py")
+
+
+def fastpsrun(n: int, k: int, *args: str, partition: str = "64K", timeout: float = 240):
+    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(n), "--num-servers", str(k),
+           "--partition-bytes", partition, sys.executable, CORE_WORKER, *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert p.stdout.count(" OK ") == n, p.stdout[-4000:]
+    return p
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)])
+def test_every_dtype_and_size(n: int, k: int) -> None:
+    fastpsrun(n, k, "matrix", "4")
+
+
+def test_one_hundred_iterations_changing_values() -> None:
+    fastpsrun(2, 2, "matrix", "100")
+
+
+def test_thousand_tensors_per_iteration() -> None:
+    fastpsrun(2, 2, "many", "5", "1000", partition="4M")
+
+
+@pytest.mark.parametrize("n,k", [(2, 1), (4, 2)])
+def test_async_handles_out_of_order_and_broadcast(n: int, k: int) -> None:
+    fastpsrun(n, k, "order")
+
+
+def _errors(job: Job):
+    seen = {}
+    for w in job.workers():
+        m = re.search(r"ERROR-SEEN ([\d.]+) (.*)", w.output)
+        assert m, f"worker {w.index} did not report an error:\n" + job.dump()
+        seen[w.index] = (float(m.group(1)), m.group(2))
+    return seen
+
+
+def test_shape_mismatch_names_tensor_and_both_shapes() -> None:
+    with Job(2, 1, [FAULT_WORKER, "shape"]) as job:
+        job.wait(30, job.workers())
+        for rank, (secs, msg) in _errors(job).items():
+            assert secs < 10, (rank, secs, msg)
+            assert "fc.weight" in msg and "[10, 3]" in msg and "[10, 4]" in msg, msg
+
+
+def test_dtype_mismatch_names_tensor_and_both_dtypes() -> None:
+    with Job(2, 2, [FAULT_WORKER, "dtype"]) as job:
+        job.wait(30, job.workers())
+        for rank, (secs, msg) in _errors(job).items():
+            assert secs < 10, (rank, secs, msg)
+            assert "bias" in msg and "float32" in msg and "float64" in msg, msg
+
+
+def test_killed_worker_is_named_by_every_survivor() -> None:
+    with Job(3, 2, [FAULT_WORKER, "kill-worker"]) as job:
+        job.wait(45, [job.proc("worker", 0), job.proc("worker", 2)])
+        for rank in (0, 2):
+            out = job.proc("worker", rank).output
+            m = re.search(r"ERROR-SEEN ([\d.]+) (.*)", out)
+            assert m, job.dump()
+            assert float(m.group(1)) < 30 and "worker 1" in m.group(2), m.group(0)
+        job.wait(30)  # servers exit too
+        for s in (0, 1):
+            assert job.proc("server", s).popen.returncode != 0
+
+
+def test_killed_server_is_named_by_every_worker() -> None:
+    with Job(2, 2, [FAULT_WORKER, "kill-server"]) as job:
+        job.wait(45, job.workers())
+        for rank, (secs, msg) in _errors(job).items():
+            assert secs < 30 and "server 0" in msg, (rank, secs, msg)
+        job.wait(30)
+
+
+def test_bad_token_and_garbage_are_refused_and_the_job_goes_on() -> None:
+    with Job(2, 1, [FAULT_WORKER, "hostile"]) as job:
+        job.wait(60)
+        for w in job.workers():
+            assert w.popen.returncode == 0 and "HOSTILE-OK" in w.output, job.dump()
+        server_log = job.proc("server", 0).output
+        assert server_log.count("refused connection") >= 2, server_log
