@@ -1,0 +1,337 @@
+"""Configuration of a fastps process, read from ``FASTPS_*`` environment variables.
+
+Every variable is documented, with its default, in ``docs/configuration.md``. A value that
+cannot be parsed or is out of range raises :class:`~fastps.errors.FastPSError` naming the
+variable and the value, so a typo fails at start-up instead of deep inside a job.
+
+Rank and world size fall back to the variables of other launchers when the ``FASTPS_``
+ones are unset: torchrun (``RANK``/``WORLD_SIZE``), SLURM (``SLURM_PROCID``/
+``SLURM_NTASKS``) and Open MPI (``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Tuple, TypeVar
+
+from .errors import FastPSError
+
+__all__ = [
+    "Config",
+    "ROLES",
+    "parse_addr",
+    "format_addr",
+    "parse_size",
+    "is_loopback_host",
+    "default_advertised_host",
+    "validate_job_id",
+]
+
+ROLES = ("worker", "server", "scheduler")
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULT_PARTITION_BYTES = 4 * MiB
+DEFAULT_CREDIT_BYTES = 16 * MiB
+DEFAULT_CONNS_PER_SERVER = 2
+DEFAULT_ENGINE_THREADS = 2
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_OP_TIMEOUT = 300.0
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+DEFAULT_LOG_LEVEL = "WARNING"
+
+# Fallback variables, in order of preference, when the FASTPS_ one is unset.
+RANK_FALLBACKS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+SIZE_FALLBACKS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+T = TypeVar("T")
+
+
+def _bad(var: str, value: str, why: str) -> FastPSError:
+    return FastPSError(f"invalid {var}={value!r}: {why}")
+
+
+def parse_addr(text: str, var: str = "address") -> Tuple[str, int]:
+    """Parses ``host:port`` (``[v6addr]:port`` for IPv6) into ``(host, port)``."""
+    value = text.strip()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0 or value[end + 1 : end + 2] != ":":
+            raise _bad(var, text, "expected [ipv6]:port")
+        host, port_text = value[1:end], value[end + 2 :]
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep:
+            raise _bad(var, text, "expected host:port")
+        if ":" in host:
+            raise _bad(var, text, "write IPv6 addresses as [addr]:port")
+    if not host:
+        raise _bad(var, text, "missing host")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise _bad(var, text, "port is not an integer") from None
+    if not 0 <= port <= 65535:
+        raise _bad(var, text, "port out of range 0..65535")
+    return host, port
+
+
+def validate_job_id(job_id: str, var: str = "FASTPS_JOB_ID") -> str:
+    """Checks a job id is safe to embed in file and shared-memory names."""
+    if not _JOB_ID_RE.match(job_id):
+        raise _bad(var, job_id, "use 1-64 characters from A-Z a-z 0-9 _ . -")
+    return job_id
+
+
+def format_addr(host: str, port: int) -> str:
+    """Inverse of :func:`parse_addr`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_size(text: str, var: str = "size") -> int:
+    """Parses a byte count: ``4194304``, ``4M``, ``4MiB``, ``512k`` (powers of 1024)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise _bad(var, text, "expected a byte count such as 4194304, 512K or 4MiB")
+    mult = {"": 1, "k": KiB, "m": MiB, "g": GiB}[m.group(2).lower()]
+    return int(m.group(1)) * mult
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, ``127.x.y.z``, ``::1`` and the bind-all ``0.0.0.0``/``::``."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def default_advertised_host(scheduler_host: Optional[str]) -> str:
+    """The address a process advertises when ``FASTPS_HOST`` is unset.
+
+    ``127.0.0.1`` when the scheduler is local (or unknown); otherwise the local address
+    the kernel routes towards the scheduler (a UDP ``connect`` sends no packet), falling
+    back to resolving this machine's host name.
+    """
+    if scheduler_host is None or is_loopback_host(scheduler_host):
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(scheduler_host, 9, type=socket.SOCK_DGRAM)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            local = s.getsockname()[0]
+        if local and not ipaddress.ip_address(local).is_unspecified:
+            return str(local)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class _Env:
+    """Typed reads of one environment mapping, with errors that name the variable."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def raw(self, var: str) -> Optional[str]:
+        value = self.env.get(var)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def first(self, names: Tuple[str, ...]) -> Tuple[Optional[str], Optional[str]]:
+        for name in names:
+            value = self.raw(name)
+            if value is not None:
+                return name, value
+        return None, None
+
+    def convert(self, var: str, value: str, fn: Callable[[str], T], what: str) -> T:
+        try:
+            return fn(value)
+        except (ValueError, TypeError):
+            raise _bad(var, value, f"expected {what}") from None
+
+    def integer(
+        self, names: Tuple[str, ...], default: int, minimum: Optional[int] = None
+    ) -> Tuple[int, Optional[str]]:
+        var, value = self.first(names)
+        if var is None or value is None:
+            return default, None
+        result = self.convert(var, value, int, "an integer")
+        if minimum is not None and result < minimum:
+            raise _bad(var, value, f"must be >= {minimum}")
+        return result, var
+
+    def size(self, var: str, default: int) -> int:
+        value = self.raw(var)
+        if value is None:
+            return default
+        result = parse_size(value, var)
+        if result <= 0:
+            raise _bad(var, value, "must be > 0")
+        return result
+
+    def seconds(self, var: str, default: float) -> float:
+        value = self.raw(var)
+        if value is None:
+            return default
+        result = self.convert(var, value, float, "a number of seconds")
+        if not result > 0 or result == float("inf"):
+            raise _bad(var, value, "must be a finite number of seconds > 0")
+        return result
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of one fastps process (see ``docs/configuration.md``)."""
+
+    role: str = "worker"
+    scheduler_addr: Optional[Tuple[str, int]] = None
+    job_id: str = ""
+    token: str = ""
+    num_workers: int = 1
+    num_servers: int = 1
+    rank: int = 0
+    server_id: int = 0
+    server_port: int = 0
+    host: str = "127.0.0.1"
+    hostname: str = ""
+    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    credit_bytes: int = DEFAULT_CREDIT_BYTES
+    conns_per_server: int = DEFAULT_CONNS_PER_SERVER
+    engine_threads: int = DEFAULT_ENGINE_THREADS
+    timeout: float = DEFAULT_TIMEOUT
+    op_timeout: float = DEFAULT_OP_TIMEOUT
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    log_level: str = DEFAULT_LOG_LEVEL
+    # Which variable rank / num_workers came from (e.g. "SLURM_PROCID"); None = default.
+    rank_source: Optional[str] = None
+    num_workers_source: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Config:
+        """Reads the configuration from ``env`` (default: ``os.environ``)."""
+        e = _Env(os.environ if env is None else env)
+
+        role = (e.raw("FASTPS_ROLE") or "worker").lower()
+        if role not in ROLES:
+            raise _bad("FASTPS_ROLE", e.raw("FASTPS_ROLE") or "", f"expected one of {ROLES}")
+
+        addr_text = e.raw("FASTPS_SCHEDULER_ADDR")
+        scheduler_addr = parse_addr(addr_text, "FASTPS_SCHEDULER_ADDR") if addr_text else None
+        if scheduler_addr is not None and scheduler_addr[1] == 0 and role != "scheduler":
+            raise _bad("FASTPS_SCHEDULER_ADDR", addr_text or "", "port 0 is only for the scheduler")
+
+        job_id = e.raw("FASTPS_JOB_ID")
+        if job_id is None:
+            job_id = f"job{scheduler_addr[1]}" if scheduler_addr else "fastps"
+        else:
+            validate_job_id(job_id)
+
+        token = e.env.get("FASTPS_TOKEN", "")
+
+        num_workers, nw_src = e.integer(("FASTPS_NUM_WORKERS", *SIZE_FALLBACKS), 1, minimum=1)
+        num_servers, _ = e.integer(("FASTPS_NUM_SERVERS",), 1, minimum=0)
+        rank, rank_src = e.integer(("FASTPS_RANK", *RANK_FALLBACKS), 0, minimum=0)
+        server_id, _ = e.integer(("FASTPS_SERVER_ID",), 0, minimum=0)
+        server_port, _ = e.integer(("FASTPS_SERVER_PORT",), 0, minimum=0)
+        if server_port > 65535:
+            raise _bad("FASTPS_SERVER_PORT", str(server_port), "port out of range 0..65535")
+
+        if role == "worker" and rank >= num_workers:
+            raise FastPSError(
+                f"invalid {rank_src or 'FASTPS_RANK'}={rank}: must be < the number of workers "
+                f"({nw_src or 'FASTPS_NUM_WORKERS'}={num_workers})"
+            )
+        if role == "server" and server_id >= max(num_servers, 1):
+            raise FastPSError(
+                f"invalid FASTPS_SERVER_ID={server_id}: must be < FASTPS_NUM_SERVERS={num_servers}"
+            )
+
+        host = e.raw("FASTPS_HOST") or default_advertised_host(
+            scheduler_addr[0] if scheduler_addr else None
+        )
+        hostname = e.raw("FASTPS_HOSTNAME") or socket.gethostname()
+
+        conns, _ = e.integer(("FASTPS_CONNS_PER_SERVER",), DEFAULT_CONNS_PER_SERVER, minimum=1)
+        threads, _ = e.integer(("FASTPS_ENGINE_THREADS",), DEFAULT_ENGINE_THREADS, minimum=1)
+
+        heartbeat_interval = e.seconds("FASTPS_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
+        heartbeat_timeout = e.seconds("FASTPS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
+        if heartbeat_timeout <= heartbeat_interval:
+            raise FastPSError(
+                f"invalid FASTPS_HEARTBEAT_TIMEOUT={heartbeat_timeout:g}: must exceed "
+                f"FASTPS_HEARTBEAT_INTERVAL={heartbeat_interval:g}"
+            )
+
+        level = (e.raw("FASTPS_LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
+        if level not in _LOG_LEVELS:
+            raise _bad("FASTPS_LOG_LEVEL", e.raw("FASTPS_LOG_LEVEL") or "", f"one of {_LOG_LEVELS}")
+
+        return cls(
+            role=role,
+            scheduler_addr=scheduler_addr,
+            job_id=job_id,
+            token=token,
+            num_workers=num_workers,
+            num_servers=num_servers,
+            rank=rank,
+            server_id=server_id,
+            server_port=server_port,
+            host=host,
+            hostname=hostname,
+            partition_bytes=e.size("FASTPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES),
+            credit_bytes=e.size("FASTPS_CREDIT_BYTES", DEFAULT_CREDIT_BYTES),
+            conns_per_server=conns,
+            engine_threads=threads,
+            timeout=e.seconds("FASTPS_TIMEOUT", DEFAULT_TIMEOUT),
+            op_timeout=e.seconds("FASTPS_OP_TIMEOUT", DEFAULT_OP_TIMEOUT),
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            log_level=level,
+            rank_source=rank_src,
+            num_workers_source=nw_src,
+        )
+
+    def require_scheduler_addr(self) -> Tuple[str, int]:
+        """The scheduler address, or a clear error when ``FASTPS_SCHEDULER_ADDR`` is unset."""
+        if self.scheduler_addr is None:
+            raise FastPSError(
+                "FASTPS_SCHEDULER_ADDR is not set: start the job with fastpsrun, or set it to "
+                "the scheduler's host:port (see docs/configuration.md)"
+            )
+        return self.scheduler_addr
+
+    def replace(self, **changes: object) -> Config:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def setup_logging(self, prefix: str = "fastps") -> None:
+        """Configures the ``fastps`` loggers at ``log_level`` (only if not configured yet)."""
+        logger = logging.getLogger("fastps")
+        logger.setLevel(self.log_level)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(f"{prefix} %(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)

@@ -1,0 +1,622 @@
+"""Control-plane protocol and the client every worker and server uses to talk to the scheduler.
+
+Wire format: each message is a frame of a 4-byte big-endian length followed by that many
+bytes of UTF-8 JSON encoding one object with a string ``"type"``. Frames are at most
+:data:`MAX_FRAME` bytes.
+
+Authentication: on accept the scheduler sends ``{"type": "challenge", "nonce": hex}``; the
+client answers ``{"type": "auth", "mac": hex(HMAC-SHA256(token, nonce || job_id))}`` and the
+scheduler confirms with ``{"type": "auth_ok"}`` or closes the connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .config import format_addr
+from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
+
+__all__ = [
+    "MAX_FRAME",
+    "FrameError",
+    "FrameDecoder",
+    "encode_frame",
+    "compute_mac",
+    "WorkerInfo",
+    "ServerInfo",
+    "Membership",
+    "ControlClient",
+]
+
+log = logging.getLogger("fastps.control")
+
+MAX_FRAME = 1 << 20
+HEADER = struct.Struct(">I")
+AUTH_STEP_TIMEOUT = 10.0
+
+
+class FrameError(FastPSError):
+    """A frame violated the wire format (too big, not UTF-8 JSON, not an object, no type)."""
+
+
+def encode_frame(msg: Mapping[str, Any]) -> bytes:
+    """Serialises one message into a frame."""
+    body = json.dumps(msg, separators=(",", ":")).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Incremental decoder: :meth:`feed` bytes as they arrive, get back complete messages.
+
+    An oversized length is rejected as soon as its 4 header bytes arrive, before any body is
+    buffered. ``max_frame`` may be changed between calls (smaller before authentication).
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Dict[str, Any]]:
+        self._buf += data
+        out: List[Dict[str, Any]] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > self.max_frame:
+                raise FrameError(f"frame of {length} bytes exceeds the {self.max_frame}-byte limit")
+            if length == 0:
+                raise FrameError("empty frame")
+            if len(self._buf) < HEADER.size + length:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + length])
+            del self._buf[: HEADER.size + length]
+            out.append(_decode_body(body))
+        return out
+
+
+def _decode_body(body: bytes) -> Dict[str, Any]:
+    try:
+        msg = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FrameError(f"frame is not UTF-8 JSON: {type(exc).__name__}") from None
+    if not isinstance(msg, dict):
+        raise FrameError(f"frame holds a JSON {type(msg).__name__}, not an object")
+    if not isinstance(msg.get("type"), str):
+        raise FrameError("frame has no string 'type'")
+    return msg
+
+
+def compute_mac(token: str, nonce: bytes, job_id: str) -> str:
+    """Hex HMAC-SHA256 keyed by the token over ``nonce || job_id``."""
+    return hmac.new(
+        token.encode("utf-8"), nonce + job_id.encode("utf-8"), hashlib.sha256
+    ).hexdigest()
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    rank: int
+    host: str
+    hostname: str
+    pid: int
+    local_rank: int
+    local_size: int
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    id: int
+    addr: Optional[str]
+    host: str
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in the job, as the scheduler announced it once everyone registered."""
+
+    workers: List[WorkerInfo]
+    servers: List[ServerInfo]
+
+    @classmethod
+    def from_message(cls, msg: Mapping[str, Any]) -> Membership:
+        try:
+            workers = [
+                WorkerInfo(
+                    rank=int(w["rank"]),
+                    host=str(w["host"]),
+                    hostname=str(w["hostname"]),
+                    pid=int(w["pid"]),
+                    local_rank=int(w["local_rank"]),
+                    local_size=int(w["local_size"]),
+                )
+                for w in msg["workers"]
+            ]
+            servers = [
+                ServerInfo(
+                    id=int(s["id"]),
+                    addr=None if s.get("addr") is None else str(s["addr"]),
+                    host=str(s["host"]),
+                    hostname=str(s["hostname"]),
+                    pid=int(s["pid"]),
+                )
+                for s in msg["servers"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FastPSError(f"malformed membership message from scheduler: {exc!r}") from None
+        return cls(workers=workers, servers=servers)
+
+    def worker(self, rank: int) -> WorkerInfo:
+        return self.workers[rank]
+
+
+Callback = Callable[[str], None]
+
+
+class ControlClient:
+    """Connection of one worker or server to the scheduler.
+
+    Threads: a receiver (dispatches scheduler messages, fires the abort/shutdown callbacks)
+    and a heartbeat sender; both are daemons and stop in :meth:`close`. The scheduler
+    answers heartbeats, so a scheduler that goes silent for ``heartbeat_timeout`` seconds,
+    or whose connection drops, counts as an abort.
+    """
+
+    def __init__(
+        self,
+        addr: Tuple[str, int],
+        job_id: str,
+        token: str,
+        timeout: float = 120.0,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+    ) -> None:
+        self.addr = (addr[0], int(addr[1]))
+        self.job_id = job_id
+        self._token = token
+        self.timeout = float(timeout)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self._addr_text = format_addr(*self.addr)
+
+        self._cv = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._sock: Optional[socket.socket] = None
+        self._registered = False
+        self._membership: Optional[Membership] = None
+        self._error: Optional[str] = None
+        self._abort_reason: Optional[str] = None
+        self._shutdown = False
+        self._closed = False
+        self._barrier_done: Dict[str, int] = {}
+        self._last_recv = time.monotonic()
+        self._abort_cbs: List[Callback] = []
+        self._shutdown_cbs: List[Callback] = []
+        self._threads: List[threading.Thread] = []
+
+    # ------------------------------------------------------------------ state
+    @property
+    def membership(self) -> Optional[Membership]:
+        return self._membership
+
+    @property
+    def abort_reason(self) -> Optional[str]:
+        """The abort reason once the job was aborted, else None."""
+        return self._abort_reason
+
+    @property
+    def shutdown_received(self) -> bool:
+        return self._shutdown
+
+    # ------------------------------------------------------------- connecting
+    def _connect(self, deadline: float) -> socket.socket:
+        delay = 0.05
+        last_err: Optional[BaseException] = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FastPSTimeoutError(
+                    f"could not connect to the scheduler at {self._addr_text} within "
+                    f"{self.timeout:g} s (FASTPS_TIMEOUT): {last_err}"
+                )
+            try:
+                sock = socket.create_connection(self.addr, timeout=min(remaining, 5.0))
+            except OSError as exc:  # refused, unreachable, DNS not ready yet: retry
+                last_err = exc
+                time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+                delay = min(delay * 2, 1.0)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+
+    def _authenticate(self, sock: socket.socket) -> None:
+        sock.settimeout(AUTH_STEP_TIMEOUT)
+        decoder = FrameDecoder()
+        pending: List[Dict[str, Any]] = []
+
+        def recv_one(step: str) -> Dict[str, Any]:
+            while not pending:
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    raise FastPSTimeoutError(
+                        f"scheduler at {self._addr_text} did not answer during {step}"
+                    ) from None
+                except OSError as exc:
+                    data = b""
+                    log.debug("recv failed during %s: %s", step, exc)
+                if not data:
+                    raise FastPSError(
+                        f"scheduler at {self._addr_text} closed the connection during {step}: "
+                        "is FASTPS_TOKEN / FASTPS_JOB_ID the same as the scheduler's?"
+                    )
+                pending.extend(decoder.feed(data))
+            return pending.pop(0)
+
+        challenge = recv_one("authentication")
+        nonce_hex = challenge.get("nonce")
+        if challenge["type"] != "challenge" or not isinstance(nonce_hex, str):
+            raise FastPSError(f"unexpected first message from scheduler: {challenge['type']!r}")
+        try:
+            nonce = bytes.fromhex(nonce_hex)
+        except ValueError:
+            raise FastPSError("scheduler sent a malformed challenge") from None
+        sock.sendall(
+            encode_frame({"type": "auth", "mac": compute_mac(self._token, nonce, self.job_id)})
+        )
+        reply = recv_one("authentication")
+        if reply["type"] != "auth_ok":
+            raise FastPSError(f"scheduler refused authentication: {reply.get('message', reply)}")
+        if pending:  # nothing else is sent before we register; keep the invariant simple
+            raise FastPSError("unexpected messages from scheduler after authentication")
+
+    def register(
+        self,
+        role: str,
+        node_id: int,
+        host: str,
+        hostname: str,
+        data_addr: Optional[str] = None,
+        num_workers: Optional[int] = None,
+        num_servers: Optional[int] = None,
+    ) -> Membership:
+        """Connects (retrying while the scheduler is not up yet), authenticates, registers,
+        and waits until every worker and server has registered.
+
+        ``num_workers``/``num_servers``, when given, are checked against the scheduler's so
+        a process started with a different job size is refused by name.
+
+        Raises FastPSTimeoutError, FastPSAbort (e.g. registration timed out at the
+        scheduler), or FastPSError (refused: duplicate id, bad token, ...).
+        """
+        if role not in ("worker", "server"):
+            raise FastPSError(f"cannot register with role {role!r}")
+        with self._cv:
+            if self._registered or self._closed:
+                raise FastPSError("ControlClient.register may be called once, before close()")
+            self._registered = True
+        start = time.monotonic()
+        sock = self._connect(start + self.timeout)
+        try:
+            self._authenticate(sock)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(0.5)  # receiver loop wakes to notice close(); sends share it
+        self._sock = sock
+        self._last_recv = time.monotonic()
+        msg: Dict[str, Any] = {
+            "type": "register",
+            "role": role,
+            "id": int(node_id),
+            "host": host,
+            "hostname": hostname,
+            "pid": os.getpid(),
+            "data_addr": data_addr,
+        }
+        if num_workers is not None:
+            msg["num_workers"] = int(num_workers)
+        if num_servers is not None:
+            msg["num_servers"] = int(num_servers)
+        self._send(msg)
+        for target, name in ((self._recv_loop, "receiver"), (self._heartbeat_loop, "heartbeat")):
+            t = threading.Thread(target=target, name=f"fastps-control-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+        # The scheduler's own registration timeout (which names the missing nodes) started
+        # before us, so give it a margin to report first.
+        wait = self.timeout + 10.0
+        with self._cv:
+            done = self._cv.wait_for(
+                lambda: (
+                    self._membership is not None
+                    or self._error is not None
+                    or self._abort_reason is not None
+                    or self._closed
+                ),
+                timeout=wait,
+            )
+            membership, error, reason = self._membership, self._error, self._abort_reason
+        if membership is not None:
+            return membership
+        if error is not None:
+            self.close()
+            raise FastPSError(f"scheduler refused registration of {role} {node_id}: {error}")
+        if reason is not None:
+            raise FastPSAbort(reason)
+        if not done:
+            raise FastPSTimeoutError(
+                f"registration with the scheduler at {self._addr_text} timed out after {wait:g} s"
+            )
+        raise FastPSError("ControlClient closed during registration")
+
+    # ---------------------------------------------------------------- sending
+    def _send(self, msg: Mapping[str, Any]) -> None:
+        frame = encode_frame(msg)
+        sock = self._sock
+        if sock is None:
+            raise FastPSError("not connected to the scheduler (call register first)")
+        with self._send_lock:
+            try:
+                sock.sendall(frame)
+            except OSError as exc:
+                raise FastPSError(
+                    f"sending to scheduler at {self._addr_text} failed: {exc}"
+                ) from None
+
+    def _check_live(self) -> None:
+        if self._abort_reason is not None:
+            raise FastPSAbort(self._abort_reason)
+        if self._closed:
+            raise FastPSError("ControlClient is closed")
+        if self._membership is None:
+            raise FastPSError("not registered with the scheduler yet")
+
+    def barrier(self, name: str, timeout: Optional[float] = None) -> None:
+        """Blocks until every worker entered the barrier ``name``.
+
+        Raises FastPSTimeoutError after ``timeout`` (default: the client's timeout) and
+        FastPSAbort if the job is aborted meanwhile.
+        """
+        limit = self.timeout if timeout is None else float(timeout)
+        with self._cv:
+            self._check_live()
+            generation = self._barrier_done.get(name, 0)
+        self._send({"type": "barrier", "name": name})
+        with self._cv:
+            done = self._cv.wait_for(
+                lambda: (
+                    self._barrier_done.get(name, 0) > generation
+                    or self._abort_reason is not None
+                    or self._closed
+                ),
+                timeout=limit,
+            )
+            if self._barrier_done.get(name, 0) > generation:
+                return
+            if self._abort_reason is not None:
+                raise FastPSAbort(self._abort_reason)
+        if not done:
+            raise FastPSTimeoutError(f"barrier {name!r} timed out after {limit:g} s")
+        raise FastPSError(f"ControlClient closed while waiting in barrier {name!r}")
+
+    def declare(self, name: str, shape: Sequence[int], dtype: str, rank: int) -> None:
+        """Tells the scheduler this worker's tensor ``name`` has ``shape``/``dtype``.
+
+        Does not wait. A mismatch with another worker aborts the job with a reason that names
+        the tensor and both sides.
+        """
+        with self._cv:
+            self._check_live()
+        self._send(
+            {
+                "type": "declare",
+                "name": name,
+                "shape": [int(d) for d in shape],
+                "dtype": str(dtype),
+                "rank": int(rank),
+            }
+        )
+
+    def send_abort(self, reason: str) -> None:
+        """Asks the scheduler to abort the job; it broadcasts ``reason`` to every node."""
+        try:
+            self._send({"type": "abort", "reason": str(reason)})
+        except FastPSError as exc:
+            log.warning("could not send abort to the scheduler: %s", exc)
+            self._trigger_abort(str(reason))
+
+    # -------------------------------------------------------------- callbacks
+    def on_abort(self, cb: Callback) -> None:
+        """Calls ``cb(reason)`` once when the job aborts (from the receiver thread; at once,
+        from this thread, if the job already aborted)."""
+        with self._cv:
+            reason = self._abort_reason
+            if reason is None:
+                self._abort_cbs.append(cb)
+                return
+        _safe_call(cb, reason)
+
+    def on_shutdown(self, cb: Callback) -> None:
+        """Calls ``cb("shutdown")`` once when the scheduler tells servers to shut down."""
+        with self._cv:
+            if not self._shutdown:
+                self._shutdown_cbs.append(cb)
+                return
+        _safe_call(cb, "shutdown")
+
+    def wait_shutdown(self, timeout: Optional[float] = None) -> Optional[str]:
+        """Waits for shutdown or abort: returns None on shutdown, the reason on abort.
+
+        ``timeout=None`` waits as long as the job runs (the scheduler's heartbeat checks
+        bound it); raises FastPSTimeoutError when a given timeout passes first.
+        """
+        with self._cv:
+            done = self._cv.wait_for(
+                lambda: self._shutdown or self._abort_reason is not None or self._closed,
+                timeout=timeout,
+            )
+            if self._abort_reason is not None:
+                return self._abort_reason
+            if self._shutdown:
+                return None
+        if not done:
+            raise FastPSTimeoutError(f"no shutdown from the scheduler within {timeout:g} s")
+        raise FastPSError("ControlClient closed while waiting for shutdown")
+
+    def _trigger_abort(self, reason: str) -> None:
+        with self._cv:
+            if self._abort_reason is not None:
+                return
+            self._abort_reason = reason
+            cbs, self._abort_cbs = self._abort_cbs, []
+            self._cv.notify_all()
+        log.info("fastps job aborted: %s", reason)
+        for cb in cbs:
+            _safe_call(cb, reason)
+
+    # ---------------------------------------------------------------- threads
+    def _recv_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        decoder = FrameDecoder()
+        lost: Optional[str] = None
+        while True:
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                if self._closed and self._abort_reason is not None:
+                    return
+                continue
+            except OSError as exc:
+                lost = str(exc)
+                break
+            if not data:
+                lost = "connection closed"
+                break
+            self._last_recv = time.monotonic()
+            try:
+                messages = decoder.feed(data)
+            except FrameError as exc:
+                lost = f"bad frame from scheduler: {exc}"
+                break
+            for msg in messages:
+                self._dispatch(msg)
+        with self._cv:
+            benign = (
+                self._closed
+                or self._shutdown
+                or self._abort_reason is not None
+                or self._error is not None
+            )
+            self._cv.notify_all()
+        if not benign:
+            self._trigger_abort(f"lost connection to scheduler at {self._addr_text} ({lost})")
+
+    def _dispatch(self, msg: Dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "heartbeat":
+            return
+        if kind == "membership":
+            membership = Membership.from_message(msg)
+            with self._cv:
+                self._membership = membership
+                self._cv.notify_all()
+        elif kind == "barrier_done":
+            name = str(msg.get("name"))
+            with self._cv:
+                self._barrier_done[name] = self._barrier_done.get(name, 0) + 1
+                self._cv.notify_all()
+        elif kind == "abort":
+            self._trigger_abort(str(msg.get("reason", "aborted by the scheduler")))
+        elif kind == "shutdown":
+            with self._cv:
+                if self._shutdown:
+                    return
+                self._shutdown = True
+                cbs, self._shutdown_cbs = self._shutdown_cbs, []
+                self._cv.notify_all()
+            for cb in cbs:
+                _safe_call(cb, "shutdown")
+        elif kind == "error":
+            with self._cv:
+                self._error = str(msg.get("message", "unspecified error"))
+                self._cv.notify_all()
+            log.error("scheduler reported an error: %s", self._error)
+        else:
+            log.debug("ignoring scheduler message of type %r", kind)
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(
+                    lambda: self._closed or self._abort_reason is not None,
+                    timeout=self.heartbeat_interval,
+                )
+                if self._closed or self._abort_reason is not None:
+                    return
+            silent = time.monotonic() - self._last_recv
+            if silent > self.heartbeat_timeout:
+                self._trigger_abort(
+                    f"scheduler at {self._addr_text} silent for {silent:.0f} s "
+                    f"(heartbeat timeout {self.heartbeat_timeout:g} s)"
+                )
+                return
+            try:
+                self._send({"type": "heartbeat"})
+            except FastPSError:
+                pass  # the receiver notices the broken connection
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Leaves the job cleanly (sends ``bye``) and stops the threads. Idempotent."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            with self._send_lock:
+                sock.sendall(encode_frame({"type": "bye"}))
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        # The scheduler closes its side after a bye; the receiver drains until then.
+        me = threading.current_thread()
+        deadline = time.monotonic() + 5.0
+        for t in self._threads:
+            if t is not me:
+                t.join(max(deadline - time.monotonic(), 0.0))
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _safe_call(cb: Callback, arg: str) -> None:
+    try:
+        cb(arg)
+    except Exception:  # a user callback must not kill the receiver thread
+        log.exception("fastps control callback %r failed", cb)

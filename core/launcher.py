@@ -1,0 +1,519 @@
+"""``fastpsrun``: starts a whole job on this machine and tears it down as one unit.
+
+The launcher runs the scheduler in a thread, starts ``K`` servers
+(``python -m fastps.server``) and ``N`` workers (the user's command), each in its own process
+group, and prefixes every line they print with ``[worker 0] `` / ``[server 1] ``.
+
+If any process fails, the others are stopped (SIGTERM to their process groups, SIGKILL after
+a grace period) and fastpsrun exits non-zero naming the process. Ctrl-C or SIGTERM stops
+everything as well, and no process of the job is left behind. Shared-memory files of the job
+(``/dev/shm/fastps-<job id>-*``) are removed on every exit.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, BinaryIO, Dict, List, Optional, Sequence
+
+import click
+
+from .config import Config, parse_size, validate_job_id
+from .errors import FastPSError
+from .scheduler import Scheduler
+
+__all__ = ["main", "Launcher", "describe_exit"]
+
+KILL_GRACE = 5.0  # SIGTERM → SIGKILL
+POLL = 0.05
+SERVER_EXIT_WAIT = 30.0  # how long servers get to leave after every worker finished
+SHM_DIR = "/dev/shm"
+
+_out_lock = threading.Lock()
+
+
+def _write(stream: BinaryIO, data: bytes) -> None:
+    with _out_lock:
+        try:
+            stream.write(data)
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # our own output is gone (closed pipe); keep draining the children
+
+
+def _stderr_bytes() -> BinaryIO:
+    return getattr(sys.stderr, "buffer", sys.stderr)  # type: ignore[return-value]
+
+
+def _stdout_bytes() -> BinaryIO:
+    return getattr(sys.stdout, "buffer", sys.stdout)  # type: ignore[return-value]
+
+
+def say(message: str) -> None:
+    """Prints one ``fastpsrun: ...`` line on stderr."""
+    _write(_stderr_bytes(), f"fastpsrun: {message}\n".encode("utf-8", "replace"))
+
+
+class _PrefixHandler(logging.Handler):
+    """Writes log records on stderr, line by line under the output lock."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        lines = "".join(f"{self.prefix}{line}\n" for line in text.splitlines())
+        _write(_stderr_bytes(), lines.encode("utf-8", "replace"))
+
+
+def describe_exit(returncode: int) -> str:
+    """``exited with code 3`` or ``killed by SIGKILL``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def _exit_status(returncode: int) -> int:
+    """fastpsrun's exit code for a failed child: its code, or 128+signal."""
+    if returncode < 0:
+        return 128 - returncode
+    return returncode or 1
+
+
+def _pump(stream: IO[bytes], prefix: bytes, sink: BinaryIO) -> None:
+    """Copies ``stream`` to ``sink`` putting ``prefix`` at the start of every line."""
+    at_line_start = True
+    try:
+        while True:
+            chunk = stream.readline(65536)
+            if not chunk:
+                break
+            data = (prefix + chunk) if at_line_start else chunk
+            at_line_start = chunk.endswith(b"\n")
+            _write(sink, data)
+        if not at_line_start:
+            _write(sink, b"\n")
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class _Child:
+    role: str
+    index: int
+    proc: subprocess.Popen[bytes]
+    readers: List[threading.Thread] = field(default_factory=list)
+    reported: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.index}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while process group ``pgid`` has a member that is not a zombie.
+
+    Zombies count as gone: an orphaned grandchild that already died waits for init to reap
+    it, which may take a while and is not ours to wait for.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Launcher:
+    """One local job. :meth:`run` returns fastpsrun's exit code."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        num_workers: int,
+        num_servers: int = 1,
+        timeout: Optional[float] = None,
+        job_id: Optional[str] = None,
+        partition_bytes: Optional[int] = None,
+        host_addr: str = "127.0.0.1",
+        env: Optional[Dict[str, str]] = None,
+    ) -> None:
+        if num_workers < 1:
+            raise FastPSError(f"-np must be >= 1, got {num_workers}")
+        if num_servers < 0:
+            raise FastPSError(f"--num-servers must be >= 0, got {num_servers}")
+        if not command:
+            raise FastPSError("no command to run")
+        self.command = list(command)
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        self.job_id = validate_job_id(job_id, "--job-id") if job_id else secrets.token_hex(4)
+        self.token = secrets.token_hex(16)
+        self.host_addr = host_addr
+        self.base_env = dict(os.environ if env is None else env)
+        self.config = Config.from_env({**self.base_env, "FASTPS_ROLE": "scheduler"})
+        self.timeout = self.config.timeout if timeout is None else float(timeout)
+        if not self.timeout > 0:
+            raise FastPSError(f"--timeout must be > 0, got {timeout}")
+        self.partition_bytes = partition_bytes
+        self.scheduler: Optional[Scheduler] = None
+        self.children: List[_Child] = []
+        self._signal: Optional[int] = None
+        self._force = threading.Event()
+
+    # --------------------------------------------------------------- signals
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._signal is None:
+            self._signal = signum
+        else:
+            self._force.set()  # second Ctrl-C: kill without waiting
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+
+    # ----------------------------------------------------------------- setup
+    def _child_env(self, role: str, index: int, sched_addr: str) -> Dict[str, str]:
+        env = dict(self.base_env)
+        for var in ("FASTPS_RANK", "FASTPS_SERVER_ID", "FASTPS_SERVER_PORT"):
+            env.pop(var, None)
+        env.update(
+            FASTPS_ROLE=role,
+            FASTPS_SCHEDULER_ADDR=sched_addr,
+            FASTPS_JOB_ID=self.job_id,
+            FASTPS_TOKEN=self.token,
+            FASTPS_NUM_WORKERS=str(self.num_workers),
+            FASTPS_NUM_SERVERS=str(self.num_servers),
+            FASTPS_HOST=self.host_addr,
+            FASTPS_TIMEOUT=f"{self.timeout:g}",
+        )
+        if self.partition_bytes is not None:
+            env["FASTPS_PARTITION_BYTES"] = str(self.partition_bytes)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if role == "worker":
+            env["FASTPS_RANK"] = str(index)
+        else:
+            env["FASTPS_SERVER_ID"] = str(index)
+        return env
+
+    def _spawn(self, role: str, index: int, argv: List[str], sched_addr: str) -> _Child:
+        proc = subprocess.Popen(
+            argv,
+            env=self._child_env(role, index, sched_addr),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: we signal the whole group
+        )
+        child = _Child(role, index, proc)
+        prefix = f"[{role} {index}] ".encode()
+        for stream, sink in ((proc.stdout, _stdout_bytes()), (proc.stderr, _stderr_bytes())):
+            assert stream is not None
+            t = threading.Thread(
+                target=_pump,
+                args=(stream, prefix, sink),
+                name=f"fastpsrun-{role}{index}",
+                daemon=True,
+            )
+            t.start()
+            child.readers.append(t)
+        self.children.append(child)
+        return child
+
+    def _start(self) -> None:
+        scheduler = Scheduler(
+            num_workers=self.num_workers,
+            num_servers=self.num_servers,
+            job_id=self.job_id,
+            token=self.token,
+            host=self.host_addr,
+            port=0,
+            timeout=self.timeout,
+            heartbeat_timeout=self.config.heartbeat_timeout,
+        )
+        self.scheduler = scheduler
+        scheduler.start()
+        addr = scheduler.address_text
+        for sid in range(self.num_servers):
+            self._spawn("server", sid, [sys.executable, "-m", "fastps.server"], addr)
+        for rank in range(self.num_workers):
+            self._spawn("worker", rank, self.command, addr)
+
+    # ---------------------------------------------------------------- running
+    def run(self) -> int:
+        try:
+            try:
+                self._start()
+            except OSError as exc:
+                say(f"cannot start {self.command[0]!r}: {exc}")
+                return 127
+            return self._monitor()
+        finally:
+            self._cleanup()
+
+    def _first_failure(self, roles: Sequence[str]) -> Optional[_Child]:
+        for child in self.children:
+            if child.role not in roles or child.reported:
+                continue
+            rc = child.proc.poll()
+            if rc is None:
+                continue
+            child.reported = True
+            if rc != 0:
+                return child
+        return None
+
+    def _fail(self, child: _Child) -> int:
+        rc = child.proc.returncode
+        what = f"{child.label} (pid {child.pid}) {describe_exit(rc)}"
+        say(what)
+        sched = self.scheduler
+        if sched is not None:
+            reason = sched.abort_reason
+            if reason is not None:
+                say(f"job aborted: {reason}")
+            else:
+                sched.abort(what)
+        self._terminate_all()
+        return _exit_status(rc)
+
+    def _interrupted(self) -> int:
+        signum = self._signal or signal.SIGINT
+        name = signal.Signals(signum).name
+        say(f"received {name}: stopping the job")
+        if self.scheduler is not None:
+            self.scheduler.abort(f"fastpsrun received {name}")
+        self._terminate_all()
+        return 128 + signum
+
+    def _monitor(self) -> int:
+        workers = [c for c in self.children if c.role == "worker"]
+        servers = [c for c in self.children if c.role == "server"]
+        while True:
+            if self._signal is not None:
+                return self._interrupted()
+            failed = self._first_failure(("worker", "server"))
+            if failed is not None:
+                return self._fail(failed)
+            if all(c.proc.poll() == 0 for c in workers):
+                break
+            time.sleep(POLL)
+        # Every worker finished: servers leave once the scheduler tells them to.
+        if self.scheduler is not None:
+            self.scheduler.request_shutdown()
+        deadline = time.monotonic() + min(self.timeout, SERVER_EXIT_WAIT)
+        while any(c.proc.poll() is None for c in servers):
+            if self._signal is not None:
+                return self._interrupted()
+            if time.monotonic() > deadline:
+                say(
+                    f"servers still running {min(self.timeout, SERVER_EXIT_WAIT):g} s after all "
+                    "workers finished: terminating them"
+                )
+                self._terminate_all()
+                return 1
+            time.sleep(POLL)
+        failed = self._first_failure(("server",))
+        if failed is not None:
+            return self._fail(failed)
+        return 0
+
+    # ---------------------------------------------------------------- teardown
+    def _terminate_all(self) -> None:
+        """SIGTERM to every child's process group, SIGKILL to what is left after the grace."""
+        pgids = [c.pid for c in self.children]
+        for pgid in pgids:
+            _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE
+        while time.monotonic() < deadline and not self._force.is_set():
+            for c in self.children:
+                c.proc.poll()  # reap, so a dead group leader stops counting as alive
+            if not any(_group_alive(p) for p in pgids):
+                break
+            time.sleep(POLL)
+        for pgid in pgids:
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                say(f"{c.label} (pid {c.pid}) did not exit after SIGKILL")
+
+    def _cleanup(self) -> None:
+        # Anything still running, stray grandchildren of finished children included, goes.
+        self._terminate_all()
+        sched = self.scheduler
+        if sched is not None:
+            # Every process of the job is gone now, so the scheduler has nobody left to serve.
+            sched.stop()
+            sched.join(timeout=3.0)
+        for c in self.children:
+            for t in c.readers:
+                t.join(timeout=2.0)
+        remove_shm(self.job_id)
+
+
+def remove_shm(job_id: str) -> List[str]:
+    """Removes the job's shared-memory files; returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, f"fastps-{glob.escape(job_id)}-*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            say(f"could not remove {path}: {exc}")
+    return removed
+
+
+def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[int]:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value, "--partition-bytes")
+    except FastPSError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if size <= 0:
+        raise click.BadParameter("must be > 0")
+    return size
+
+
+@click.command(
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+    }
+)
+@click.option(
+    "-np",
+    "--num-workers",
+    "num_workers",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Number of worker processes (each runs CMD).",
+)
+@click.option(
+    "--num-servers",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Number of summation servers (0: none).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Registration/barrier timeout in seconds [default: FASTPS_TIMEOUT or 120].",
+)
+@click.option("--job-id", default=None, help="Job id [default: random].")
+@click.option(
+    "--partition-bytes",
+    callback=_size,
+    default=None,
+    help="Largest part a tensor is cut into, e.g. 4M [default: FASTPS_PARTITION_BYTES].",
+)
+@click.option(
+    "--host-addr",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the scheduler binds and the processes advertise.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def cli(
+    num_workers: int,
+    num_servers: int,
+    timeout: Optional[float],
+    job_id: Optional[str],
+    partition_bytes: Optional[int],
+    host_addr: str,
+    command: Sequence[str],
+) -> None:
+    """Run CMD as N workers of a fastps job on this machine."""
+    logger = logging.getLogger("fastps")
+    if not logger.handlers:
+        handler = _PrefixHandler("[scheduler] ")
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        launcher = Launcher(
+            command,
+            num_workers=num_workers,
+            num_servers=num_servers,
+            timeout=timeout,
+            job_id=job_id,
+            partition_bytes=partition_bytes,
+            host_addr=host_addr,
+        )
+        logger.setLevel(launcher.config.log_level)
+    except FastPSError as exc:
+        say(str(exc))
+        sys.exit(2)
+    launcher.install_signal_handlers()
+    try:
+        code = launcher.run()
+    except FastPSError as exc:
+        say(str(exc))
+        code = 1
+    sys.exit(code)
+
+
+def main() -> None:
+    """Entry point of the ``fastpsrun`` console script."""
+    cli(prog_name="fastpsrun")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,733 @@
+"""The scheduler: rendezvous, membership, barriers, heartbeats, tensor checks and aborts.
+
+It runs as a thread inside ``fastpsrun`` or on its own (``python -m fastps.scheduler`` with
+``FASTPS_SCHEDULER_ADDR`` set to the address to bind). One thread serves every connection
+with a selector; all socket I/O is non-blocking and every wait is bounded:
+
+* a connection that does not authenticate within ``auth_timeout`` is closed;
+* the job aborts if not every node registered within ``timeout`` (FASTPS_TIMEOUT);
+* a registered node that sends nothing for ``heartbeat_timeout`` is declared dead;
+* after an abort, connections get ``grace`` seconds to take the message, then are closed.
+
+Any protocol violation (oversized or malformed frame, bad token) closes only the offending
+connection. If that connection belonged to a registered node the job cannot go on without
+it, so that is reported as the node's death.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+
+from .config import Config, format_addr
+from .control import MAX_FRAME, FrameDecoder, FrameError, compute_mac, encode_frame
+from .errors import FastPSError
+
+__all__ = ["Scheduler", "main"]
+
+log = logging.getLogger("fastps.scheduler")
+
+PREAUTH_MAX_FRAME = 4096  # an auth message is ~100 bytes; refuse anything large early
+MAX_OUTBUF = 16 << 20  # a node that stops reading is dropped rather than buffered forever
+MAX_UNAUTHENTICATED = 256
+TICK = 0.2
+LINGER = 2.0  # after our FIN, how long to wait for the peer's before closing hard
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _describe_tensor(dtype: str, shape: List[int]) -> str:
+    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
+
+
+class _Conn:
+    """One accepted connection and, once registered, the node behind it."""
+
+    def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.decoder = FrameDecoder(PREAUTH_MAX_FRAME)
+        self.out = bytearray()
+        self.nonce = os.urandom(32)
+        self.authed = False
+        self.accepted_at = now
+        self.last_seen = now
+        self.role: Optional[str] = None
+        self.node_id: Optional[int] = None
+        self.info: Dict[str, Any] = {}
+        self.said_bye = False
+        self.draining = False  # no more input handled; close once output is flushed
+        self.fin_sent_at: Optional[float] = None
+        self.closed = False
+
+    @property
+    def label(self) -> str:
+        if self.role is None:
+            return f"connection from {self.peer}"
+        return (
+            f"{self.role} {self.node_id} "
+            f"(pid {self.info.get('pid')} on host {self.info.get('hostname')})"
+        )
+
+
+class Scheduler:
+    """Control-plane hub of one job.
+
+    ``start()`` binds and serves from a daemon thread; ``serve()`` serves in the calling
+    thread. ``stop()``, ``abort()`` and ``request_shutdown()`` may be called from any
+    thread. ``exit_code`` is 1 once the job aborted, else 0.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        num_servers: int,
+        job_id: str,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        timeout: float = 120.0,
+        heartbeat_timeout: float = 10.0,
+        auth_timeout: float = 5.0,
+        grace: float = 5.0,
+    ) -> None:
+        if num_workers < 1:
+            raise FastPSError(f"a job needs at least one worker, got num_workers={num_workers}")
+        if num_servers < 0:
+            raise FastPSError(f"num_servers must be >= 0, got {num_servers}")
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        self.job_id = job_id
+        self._token = token
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.auth_timeout = auth_timeout
+        self.grace = grace
+
+        self._listener: Optional[socket.socket] = None
+        self._sel: Optional[selectors.BaseSelector] = None
+        self._wake_r: Optional[socket.socket] = None
+        self._wake_w: Optional[socket.socket] = None
+        self._calls: Deque[Callable[[], None]] = collections.deque()
+        self._calls_lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._done = threading.Event()
+
+        self._conns: Set[_Conn] = set()
+        self._workers: Dict[int, _Conn] = {}
+        self._servers: Dict[int, _Conn] = {}
+        self._left: Set[Tuple[str, int]] = set()
+        self._barriers: Dict[str, Set[int]] = {}
+        self._tensors: Dict[str, Tuple[List[int], str, int]] = {}
+        self._started_at = 0.0
+        self._membership_sent = False
+        self._shutdown_sent = False
+        self._stop_requested = False
+        self.abort_reason: Optional[str] = None
+        self._abort_at = 0.0
+
+    # ------------------------------------------------------------ public API
+    @property
+    def address(self) -> Tuple[str, int]:
+        return self.host, self.port
+
+    @property
+    def address_text(self) -> str:
+        return format_addr(self.host, self.port)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.abort_reason is not None else 0
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def bind(self) -> int:
+        """Creates the listening socket (idempotent) and returns the bound port."""
+        if self._listener is not None:
+            return self.port
+        try:
+            infos = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+            family = infos[0][0]
+            listener = socket.create_server((self.host, self.port), family=family, backlog=128)
+        except OSError as exc:
+            raise FastPSError(f"scheduler cannot listen on {self.address_text}: {exc}") from None
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ, "listener")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if not self._token:
+            log.warning("FASTPS_TOKEN is empty: any process that knows the job id can join")
+        log.info(
+            "scheduler for job %s listening on %s (%d workers, %d servers)",
+            self.job_id,
+            self.address_text,
+            self.num_workers,
+            self.num_servers,
+        )
+        return self.port
+
+    def start(self) -> int:
+        """Binds and serves from a daemon thread; returns the bound port."""
+        port = self.bind()
+        self._thread = threading.Thread(target=self.serve, name="fastps-scheduler", daemon=True)
+        self._thread.start()
+        return port
+
+    def serve(self) -> int:
+        """Serves until every node left, the job aborted and drained, or ``stop()``.
+
+        Returns :attr:`exit_code`.
+        """
+        self.bind()
+        self._started_at = time.monotonic()
+        try:
+            self._loop()
+        except Exception:
+            log.exception("scheduler failed")
+            if self.abort_reason is None:
+                self.abort_reason = "scheduler failed with an internal error"
+        finally:
+            self._teardown()
+            self._done.set()
+        return self.exit_code
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits until the scheduler stopped serving; True if it did."""
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        """Stops serving soon and closes every connection (nodes then see a lost scheduler)."""
+        self._call_soon(self._request_stop)
+
+    def abort(self, reason: str) -> None:
+        """Aborts the job: every node gets ``{"type": "abort", "reason": reason}``."""
+        self._call_soon(lambda: self._abort(reason))
+
+    def request_shutdown(self) -> None:
+        """Sends ``shutdown`` to the registered servers now (e.g. all workers have exited)."""
+        self._call_soon(self._send_shutdown)
+
+    # ------------------------------------------------------------ event loop
+    def _call_soon(self, fn: Callable[[], None]) -> None:
+        with self._calls_lock:
+            self._calls.append(fn)
+        wake = self._wake_w
+        if wake is not None:
+            try:
+                wake.send(b"x")
+            except OSError:
+                pass
+
+    def _request_stop(self) -> None:
+        self._stop_requested = True
+
+    def _loop(self) -> None:
+        sel = self._sel
+        assert sel is not None
+        while True:
+            for key, mask in sel.select(TICK):
+                if key.data == "listener":
+                    self._accept()
+                elif key.data == "wake":
+                    self._run_calls()
+                else:
+                    conn: _Conn = key.data
+                    if mask & selectors.EVENT_READ and not conn.closed:
+                        self._on_readable(conn)
+                    if mask & selectors.EVENT_WRITE and not conn.closed:
+                        self._flush(conn)
+            self._run_calls()
+            self._check_timers(time.monotonic())
+            if self._should_stop(time.monotonic()):
+                return
+
+    def _run_calls(self) -> None:
+        if self._wake_r is not None:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+        while True:
+            with self._calls_lock:
+                if not self._calls:
+                    return
+                fn = self._calls.popleft()
+            fn()
+
+    def _should_stop(self, now: float) -> bool:
+        if self._stop_requested:
+            return True
+        if self.abort_reason is not None:
+            live = [c for c in self._conns if c.authed]
+            return not live or now - self._abort_at > self.grace
+        total = self.num_workers + self.num_servers
+        if self._membership_sent and len(self._left) == total:
+            return not any(c.role is not None for c in self._conns)
+        return False
+
+    def _teardown(self) -> None:
+        for conn in list(self._conns):
+            self._close_conn(conn, None)
+        if self._sel is not None:
+            self._sel.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        self._wake_w = None
+        log.info("scheduler for job %s stopped (exit code %d)", self.job_id, self.exit_code)
+
+    # ---------------------------------------------------------- connections
+    def _accept(self) -> None:
+        assert self._listener is not None and self._sel is not None
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
+                log.warning("accept failed: %s", exc)
+                return
+            peer = format_addr(str(addr[0]), int(addr[1]))
+            if self.abort_reason is not None or self._stop_requested:
+                sock.close()
+                continue
+            if sum(1 for c in self._conns if not c.authed) >= MAX_UNAUTHENTICATED:
+                log.warning(
+                    "refused connection from %s: too many unauthenticated connections", peer
+                )
+                sock.close()
+                continue
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            conn = _Conn(sock, peer, time.monotonic())
+            self._conns.add(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            log.debug("accepted connection from %s", peer)
+            self._send(conn, {"type": "challenge", "nonce": conn.nonce.hex()})
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(conn, f"connection error ({exc})")
+            return
+        if not data:
+            self._lost(conn, "connection closed")
+            return
+        if conn.draining:
+            return  # leaving or refused: input no longer matters
+        try:
+            messages = conn.decoder.feed(data)
+        except FrameError as exc:
+            self._protocol_error(conn, f"malformed frame: {exc}")
+            return
+        for msg in messages:
+            if conn.closed or conn.draining:
+                return
+            self._handle(conn, msg)
+
+    def _send(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        if conn.closed or conn.fin_sent_at is not None:
+            return
+        conn.out += encode_frame(msg)
+        if len(conn.out) > MAX_OUTBUF:
+            self._protocol_error(conn, "not reading its messages (output buffer full)")
+            return
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                conn.out.clear()
+                self._lost(conn, f"connection error ({exc})")
+                return
+            del conn.out[:sent]
+        if conn.closed or self._sel is None:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        self._sel.modify(conn.sock, events, conn)
+        if not conn.out and conn.draining and conn.fin_sent_at is None:
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._close_conn(conn, None)
+                return
+            conn.fin_sent_at = time.monotonic()
+
+    def _drain(self, conn: _Conn) -> None:
+        """Stops handling input from ``conn``; closes it once its output is flushed."""
+        conn.draining = True
+        self._flush(conn)
+
+    def _close_conn(self, conn: _Conn, why: Optional[str]) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        if self._sel is not None:
+            try:
+                self._sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        if why is not None:
+            log.debug("closed %s: %s", conn.label, why)
+
+    def _lost(self, conn: _Conn, why: str) -> None:
+        """The peer closed (or broke) the connection."""
+        self._close_conn(conn, why)
+        self._node_gone(conn, f"{conn.label} died: {why}")
+
+    def _protocol_error(self, conn: _Conn, why: str) -> None:
+        """Closes a connection that broke the protocol; the job goes on unless it was a node."""
+        log.warning("closed %s: %s", conn.label, why)
+        self._close_conn(conn, why)
+        self._node_gone(conn, f"{conn.label} sent a {why}; connection closed")
+
+    def _node_gone(self, conn: _Conn, death_reason: str) -> None:
+        if conn.role is None or conn.node_id is None:
+            return
+        key = (conn.role, conn.node_id)
+        if key in self._left:
+            return
+        if conn.said_bye or (conn.role == "server" and self._shutdown_sent):
+            self._left.add(key)
+            log.info("%s left", conn.label)
+            return
+        self._abort(death_reason)
+
+    def _check_timers(self, now: float) -> None:
+        for conn in list(self._conns):
+            if conn.closed:
+                continue
+            if conn.fin_sent_at is not None:
+                if now - conn.fin_sent_at > LINGER:
+                    self._close_conn(conn, "peer did not close after our FIN")
+            elif not conn.authed:
+                if now - conn.accepted_at > self.auth_timeout:
+                    log.warning(
+                        "refused connection from %s: no authentication within %g s",
+                        conn.peer,
+                        self.auth_timeout,
+                    )
+                    self._close_conn(conn, "authentication timeout")
+            elif conn.role is not None and not conn.draining:
+                if now - conn.last_seen > self.heartbeat_timeout:
+                    reason = (
+                        f"{conn.label} died: heartbeat timeout after {self.heartbeat_timeout:g} s"
+                    )
+                    self._close_conn(conn, "heartbeat timeout")
+                    self._node_gone(conn, reason)
+        if (
+            not self._membership_sent
+            and self.abort_reason is None
+            and now - self._started_at > self.timeout
+        ):
+            missing = [f"worker {r}" for r in range(self.num_workers) if r not in self._workers]
+            missing += [f"server {s}" for s in range(self.num_servers) if s not in self._servers]
+            shown = ", ".join(missing[:16])
+            if len(missing) > 16:
+                shown += f" and {len(missing) - 16} more"
+            self._abort(f"registration timed out after {self.timeout:g} s: missing {shown}")
+
+    # ------------------------------------------------------------- messages
+    def _handle(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        kind = msg["type"]
+        if not conn.authed:
+            self._authenticate(conn, msg)
+            return
+        conn.last_seen = time.monotonic()
+        if kind == "heartbeat":
+            self._send(conn, {"type": "heartbeat"})
+        elif kind == "register":
+            self._register(conn, msg)
+        elif kind == "barrier":
+            self._barrier(conn, msg)
+        elif kind == "declare":
+            self._declare(conn, msg)
+        elif kind == "bye":
+            self._bye(conn)
+        elif kind == "abort":
+            reason = msg.get("reason")
+            if not isinstance(reason, str) or not reason:
+                reason = f"{conn.label} requested an abort"
+            log.error("%s requested an abort: %s", conn.label, reason)
+            self._abort(reason)
+        else:
+            self._protocol_error(conn, f"message of unknown type {str(kind)[:64]!r}")
+
+    def _authenticate(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        mac = msg.get("mac")
+        expected = compute_mac(self._token, conn.nonce, self.job_id).encode("ascii")
+        if msg["type"] != "auth" or not isinstance(mac, str):
+            log.warning("refused connection from %s: expected an auth message", conn.peer)
+            self._close_conn(conn, "no auth message")
+            return
+        if not hmac.compare_digest(mac.encode("utf-8", "replace"), expected):
+            log.warning("refused connection from %s: bad token", conn.peer)
+            self._close_conn(conn, "bad token")
+            return
+        conn.authed = True
+        conn.decoder.max_frame = MAX_FRAME
+        conn.last_seen = time.monotonic()
+        self._send(conn, {"type": "auth_ok"})
+        if self.abort_reason is not None:
+            self._send(conn, {"type": "abort", "reason": self.abort_reason})
+            self._drain(conn)
+
+    def _reject(self, conn: _Conn, message: str) -> None:
+        log.error("refused registration from %s: %s", conn.peer, message)
+        self._send(conn, {"type": "error", "message": message})
+        self._drain(conn)
+
+    def _register(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        role, node_id = msg.get("role"), msg.get("id")
+        host, hostname, pid = msg.get("host"), msg.get("hostname"), msg.get("pid")
+        data_addr = msg.get("data_addr")
+        if conn.role is not None:
+            self._reject(conn, f"{conn.label} registered twice")
+            return
+        if role not in ("worker", "server") or not _is_int(node_id):
+            self._reject(conn, f"invalid register message: role={role!r} id={node_id!r}")
+            return
+        if not (isinstance(host, str) and isinstance(hostname, str) and _is_int(pid)):
+            self._reject(conn, f"invalid register message from {role} {node_id}: host/hostname/pid")
+            return
+        if data_addr is not None and not isinstance(data_addr, str):
+            self._reject(conn, f"invalid data_addr {data_addr!r} from {role} {node_id}")
+            return
+        label = f"{role} {node_id}"
+        if self._membership_sent:
+            self._reject(conn, f"{label} registered after the job's membership was complete")
+            return
+        for field, expected in (
+            ("num_workers", self.num_workers),
+            ("num_servers", self.num_servers),
+        ):
+            claimed = msg.get(field)
+            if claimed is not None and claimed != expected:
+                self._reject(
+                    conn,
+                    f"{label} (pid {pid} on host {hostname}) was started with "
+                    f"FASTPS_{field.upper()}={claimed} but the scheduler expects {expected}",
+                )
+                return
+        table = self._workers if role == "worker" else self._servers
+        size = self.num_workers if role == "worker" else self.num_servers
+        if not 0 <= node_id < size:
+            what = "rank" if role == "worker" else "id"
+            self._reject(
+                conn,
+                f"{role} {what} {node_id} (pid {pid} on host {hostname}) is out of range: "
+                f"the job has {size} {role}s, so valid values are 0..{size - 1}",
+            )
+            return
+        other = table.get(node_id)
+        if other is not None:
+            self._reject(
+                conn,
+                f"duplicate {label}: pid {pid} on host {hostname} registered it, but pid "
+                f"{other.info.get('pid')} on host {other.info.get('hostname')} already did",
+            )
+            return
+        conn.role, conn.node_id = role, node_id
+        conn.info = {"host": host, "hostname": hostname, "pid": pid, "data_addr": data_addr}
+        table[node_id] = conn
+        log.info("registered %s", conn.label)
+        if role == "server" and self._shutdown_sent:
+            self._send(conn, {"type": "shutdown"})
+        if len(self._workers) == self.num_workers and len(self._servers) == self.num_servers:
+            self._send_membership()
+
+    def _send_membership(self) -> None:
+        by_host: Dict[str, List[int]] = {}
+        for rank in sorted(self._workers):
+            by_host.setdefault(self._workers[rank].info["hostname"], []).append(rank)
+        workers = []
+        for rank in sorted(self._workers):
+            info = self._workers[rank].info
+            group = by_host[info["hostname"]]
+            workers.append(
+                {
+                    "rank": rank,
+                    "host": info["host"],
+                    "hostname": info["hostname"],
+                    "pid": info["pid"],
+                    "local_rank": group.index(rank),
+                    "local_size": len(group),
+                }
+            )
+        servers = [
+            {
+                "id": sid,
+                "addr": self._servers[sid].info["data_addr"],
+                "host": self._servers[sid].info["host"],
+                "hostname": self._servers[sid].info["hostname"],
+                "pid": self._servers[sid].info["pid"],
+            }
+            for sid in sorted(self._servers)
+        ]
+        msg = {"type": "membership", "workers": workers, "servers": servers}
+        self._membership_sent = True
+        log.info(
+            "membership complete: %d workers on %d hosts, %d servers",
+            len(workers),
+            len(by_host),
+            len(servers),
+        )
+        for conn in [*self._workers.values(), *self._servers.values()]:
+            self._send(conn, msg)
+
+    def _barrier(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        name = msg.get("name")
+        if conn.role != "worker" or conn.node_id is None:
+            self._send(conn, {"type": "error", "message": "only registered workers enter barriers"})
+            return
+        if not isinstance(name, str):
+            self._protocol_error(conn, f"barrier message with a non-string name {name!r}")
+            return
+        arrived = self._barriers.setdefault(name, set())
+        arrived.add(conn.node_id)
+        log.debug(
+            "worker %d entered barrier %r (%d/%d)",
+            conn.node_id,
+            name,
+            len(arrived),
+            self.num_workers,
+        )
+        if len(arrived) == self.num_workers:
+            del self._barriers[name]
+            for worker in self._workers.values():
+                self._send(worker, {"type": "barrier_done", "name": name})
+
+    def _declare(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        name, shape, dtype = msg.get("name"), msg.get("shape"), msg.get("dtype")
+        rank = msg.get("rank", conn.node_id)
+        if (
+            not isinstance(name, str)
+            or not isinstance(dtype, str)
+            or not isinstance(shape, list)
+            or not all(_is_int(d) and d >= 0 for d in shape)
+            or not _is_int(rank)
+        ):
+            self._protocol_error(conn, f"invalid declare message for tensor {str(name)[:200]!r}")
+            return
+        known = self._tensors.get(name)
+        if known is None:
+            self._tensors[name] = (shape, dtype, rank)
+            return
+        known_shape, known_dtype, known_rank = known
+        if known_shape != shape or known_dtype != dtype:
+            self._abort(
+                f"tensor {name!r} mismatch: rank {known_rank} has "
+                f"{_describe_tensor(known_dtype, known_shape)}, rank {rank} has "
+                f"{_describe_tensor(dtype, shape)}"
+            )
+
+    def _bye(self, conn: _Conn) -> None:
+        conn.said_bye = True
+        if conn.role is not None and conn.node_id is not None:
+            self._left.add((conn.role, conn.node_id))
+            log.info("%s left", conn.label)
+            workers_left = sum(1 for role, _ in self._left if role == "worker")
+            if conn.role == "worker" and workers_left == self.num_workers:
+                self._send_shutdown()
+        self._drain(conn)
+
+    def _send_shutdown(self) -> None:
+        if self._shutdown_sent:
+            return
+        self._shutdown_sent = True
+        log.info("all workers finished: shutting down %d servers", len(self._servers))
+        for sid, conn in self._servers.items():
+            if ("server", sid) not in self._left:
+                self._send(conn, {"type": "shutdown"})
+
+    def _abort(self, reason: str) -> None:
+        if self.abort_reason is not None:
+            return
+        self.abort_reason = reason
+        self._abort_at = time.monotonic()
+        log.error("aborting job %s: %s", self.job_id, reason)
+        for conn in list(self._conns):
+            if conn.authed and not conn.closed:
+                self._send(conn, {"type": "abort", "reason": reason})
+                self._drain(conn)
+
+
+def main() -> None:
+    """``python -m fastps.scheduler``: serves one job, exits 0 if it finished, 1 if aborted."""
+    try:
+        cfg = Config.from_env({**os.environ, "FASTPS_ROLE": "scheduler"})
+        host, port = cfg.require_scheduler_addr()
+    except FastPSError as exc:
+        print(f"fastps scheduler: {exc}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(format="fastps-scheduler %(levelname)s: %(message)s")
+    level = os.environ.get("FASTPS_LOG_LEVEL") and cfg.log_level or "INFO"
+    logging.getLogger("fastps").setLevel(level)
+    scheduler = Scheduler(
+        num_workers=cfg.num_workers,
+        num_servers=cfg.num_servers,
+        job_id=cfg.job_id,
+        token=cfg.token,
+        host=host,
+        port=port,
+        timeout=cfg.timeout,
+        heartbeat_timeout=cfg.heartbeat_timeout,
+    )
+    try:
+        scheduler.bind()
+    except FastPSError as exc:
+        print(f"fastps scheduler: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(f"fastps scheduler: job {cfg.job_id} on {scheduler.address_text}", flush=True)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        scheduler.abort(f"scheduler terminated by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sys.exit(scheduler.serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Server role (summation service): ``python -m fastps.server``.
+
+Reads the ``FASTPS_*`` configuration, starts the C++ server of ``fastps._core``, registers
+with the scheduler (advertising the data address), then waits for one of:
+
+* ``shutdown`` from the scheduler (every worker left): stop and exit 0;
+* ``abort`` (a peer died, a mismatch, ...): log the reason, stop, exit 1;
+* the C++ server reporting an error: tell the scheduler to abort the job, exit 1;
+* SIGTERM/SIGINT: tell the scheduler, stop, exit 128+signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+from .config import Config, format_addr
+from .control import ControlClient
+from .errors import FastPSError
+
+__all__ = ["main", "run_server"]
+
+log = logging.getLogger("fastps.server")
+
+POLL = 0.5  # how often the C++ server's health is checked
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _default_factory() -> Callable[..., Any]:
+    from . import _core  # type: ignore[attr-defined]
+
+    return _core.Server  # type: ignore[no-any-return]
+
+
+def run_server(
+    cfg: Config,
+    server_factory: Optional[Callable[..., Any]] = None,
+    install_signals: bool = False,
+) -> int:
+    """Runs one server until shutdown or abort; returns the process exit code.
+
+    ``server_factory(num_workers, job_id, token, host, port, engine_threads)`` creates the
+    data-plane server (default ``fastps._core.Server``); it must offer ``start() -> port``,
+    ``stop()`` and ``error() -> str``.
+    """
+    sched_addr = cfg.require_scheduler_addr()
+    me = f"server {cfg.server_id} (pid {os.getpid()} on host {cfg.hostname})"
+    if server_factory is None:
+        try:
+            server_factory = _default_factory()
+        except ImportError as exc:
+            log.error("%s: the C++ core fastps._core is not available: %s", me, exc)
+            return 1
+
+    wake = threading.Event()
+    state = {"registering": False, "signal": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        state["signal"] = signum
+        wake.set()
+        if state["registering"]:
+            raise _Terminated(signum)
+
+    if install_signals:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    srv = server_factory(
+        cfg.num_workers, cfg.job_id, cfg.token, cfg.host, cfg.server_port, cfg.engine_threads
+    )
+    client = ControlClient(
+        sched_addr,
+        cfg.job_id,
+        cfg.token,
+        timeout=cfg.timeout,
+        heartbeat_interval=cfg.heartbeat_interval,
+        heartbeat_timeout=cfg.heartbeat_timeout,
+    )
+    code = 1
+    try:
+        port = int(srv.start())
+        data_addr = format_addr(cfg.host, port)
+        client.on_abort(lambda _reason: wake.set())
+        client.on_shutdown(lambda _msg: wake.set())
+        state["registering"] = True
+        try:
+            membership = client.register(
+                "server",
+                cfg.server_id,
+                cfg.host,
+                cfg.hostname,
+                data_addr=data_addr,
+                num_workers=cfg.num_workers,
+                num_servers=cfg.num_servers,
+            )
+        finally:
+            state["registering"] = False
+        log.info("%s serving %d workers on %s", me, len(membership.workers), data_addr)
+        code = _serve(srv, client, wake, state, me)
+    except _Terminated as exc:
+        code = 128 + exc.signum
+        log.warning("%s: terminated by %s", me, signal.Signals(exc.signum).name)
+    except FastPSError as exc:
+        log.error("%s: %s", me, exc)
+        code = 1
+    finally:
+        try:
+            srv.stop()
+        except Exception:
+            log.exception("%s: stopping the data-plane server failed", me)
+        client.close()
+    return code
+
+
+def _serve(srv: Any, client: ControlClient, wake: threading.Event, state: dict, me: str) -> int:
+    while True:
+        wake.wait(POLL)
+        wake.clear()
+        reason = client.abort_reason
+        if reason is not None:
+            log.error("%s: job aborted: %s", me, reason)
+            return 1
+        if client.shutdown_received:
+            log.info("%s: shutdown", me)
+            return 0
+        signum = state["signal"]
+        if signum:
+            name = signal.Signals(signum).name
+            log.warning("%s: terminated by %s", me, name)
+            client.send_abort(f"{me} terminated by {name}")
+            return 128 + signum
+        error = srv.error()
+        if error:
+            reason = f"{me} failed: {error}"
+            log.error("%s", reason)
+            client.send_abort(reason)
+            return 1
+
+
+def main() -> None:
+    """``python -m fastps.server``."""
+    try:
+        cfg = Config.from_env({**os.environ, "FASTPS_ROLE": "server"})
+        cfg.require_scheduler_addr()
+    except FastPSError as exc:
+        print(f"fastps server: {exc}", file=sys.stderr)
+        sys.exit(2)
+    cfg.setup_logging(f"fastps-server-{cfg.server_id}")
+    sys.exit(run_server(cfg, install_signals=True))
+
+
+if __name__ == "__main__":
+    main()
