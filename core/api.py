@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import placement
 from .buffers import RawBuffer, raw_buffer
 from .config import Config
 from .control import ControlClient, Membership
@@ -67,6 +69,7 @@ def init(config: Optional[Config] = None) -> None:
         client: Optional[ControlClient] = None
         membership: Optional[Membership] = None
         servers: List[str] = []
+        weights: List[float] = []
         if cfg.scheduler_addr is None:
             if cfg.num_workers != 1:
                 cfg.require_scheduler_addr()
@@ -88,6 +91,11 @@ def init(config: Optional[Config] = None) -> None:
                 num_servers=cfg.num_servers,
             )
             servers = [s.addr for s in membership.servers if s.addr]
+            weights = placement.server_weights(
+                [w.hostname for w in membership.workers],
+                [placement.ServerSpot(s.id, s.hostname) for s in membership.servers],
+                placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+            )
         worker = core.Worker(
             rank=cfg.rank,
             num_workers=cfg.num_workers,
@@ -98,6 +106,7 @@ def init(config: Optional[Config] = None) -> None:
             credit_bytes=cfg.credit_bytes,
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
+            server_weights=weights,
         )
         try:
             worker.start()
@@ -190,6 +199,18 @@ def cross_rank() -> int:
 
 def cross_size() -> int:
     return len(_hosts())
+
+
+def server_weights() -> List[float]:
+    """Share of the model bytes each server sums (BytePS Eq. 1/2 from the membership)."""
+    st = _st()
+    if not st.membership:
+        return []
+    return placement.server_weights(
+        [w.hostname for w in st.membership.workers],
+        [placement.ServerSpot(s.id, s.hostname) for s in st.membership.servers],
+        placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+    )
 
 
 def num_servers() -> int:

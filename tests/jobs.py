@@ -37,7 +37,10 @@ class Proc:
 
 class Job:
     def __init__(self, num_workers: int, num_servers: int, argv: List[str],
-                 env: Optional[Dict[str, str]] = None, heartbeat_timeout: float = 5.0) -> None:
+                 env: Optional[Dict[str, str]] = None, heartbeat_timeout: float = 5.0,
+                 worker_hosts: Optional[List[str]] = None,
+                 server_hosts: Optional[List[str]] = None) -> None:
+        """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines."""
         self.job_id = "t" + secrets.token_hex(3)
         self.token = secrets.token_hex(16)
         self.scheduler = Scheduler(num_workers, num_servers, self.job_id, self.token,
@@ -57,11 +60,15 @@ class Job:
         })
         self.procs: List[Proc] = []
         for s in range(num_servers):
-            self._spawn("server", s, [sys.executable, "-m", "fastps.server"],
-                        dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s)))
+            env_s = dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s))
+            if server_hosts:
+                env_s["FASTPS_HOSTNAME"] = server_hosts[s]
+            self._spawn("server", s, [sys.executable, "-m", "fastps.server"], env_s)
         for r in range(num_workers):
-            self._spawn("worker", r, [sys.executable, *argv],
-                        dict(base, FASTPS_ROLE="worker", FASTPS_RANK=str(r)))
+            env_w = dict(base, FASTPS_ROLE="worker", FASTPS_RANK=str(r))
+            if worker_hosts:
+                env_w["FASTPS_HOSTNAME"] = worker_hosts[r]
+            self._spawn("worker", r, [sys.executable, *argv], env_w)
 
     def _spawn(self, role: str, index: int, argv: List[str], env: Dict[str, str]) -> None:
         p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

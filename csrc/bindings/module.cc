@@ -108,6 +108,7 @@ PYBIND11_MODULE(_core, m) {
       .def("release", &Worker::release)
       .def("abort", &Worker::abort, py::call_guard<py::gil_scoped_release>())
       .def("error", &Worker::error)
-      .def("part_servers", &Worker::part_servers)
+      .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
+           py::arg("elem_size"))
       .def("shutdown", &Worker::shutdown, py::call_guard<py::gil_scoped_release>());
 }

@@ -30,12 +30,13 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FASTPS_X86 1
-// GCC 12 and older report false -Wmaybe-uninitialized warnings from inside
+// GCC 12 and older report false (maybe-)uninitialized warnings from inside
 // the AVX-512 intrinsic headers (the "__Y = __Y" undefined-vector idiom) once
 // they are inlined; silence them for the header's lines only.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else

@@ -3,6 +3,7 @@
 // computes the same one without coordination, whatever order tensors arrive in.
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -17,15 +18,18 @@ struct PartSpan {
 
 class Partitioner {
  public:
-  // weights: relative share of bytes each server should receive (all > 0).
+  // weights: relative share of bytes each server should receive (>= 0, not all 0).
   Partitioner(size_t partition_bytes, std::vector<double> weights);
   std::vector<PartSpan> split(uint64_t tensor_id, size_t nbytes, size_t elem_size) const;
   size_t num_servers() const { return weights_.size(); }
   const std::vector<uint32_t>& pattern() const { return pattern_; }
+  // Tensors at least this large are sliced across all servers by weight.
+  size_t slice_threshold() const { return std::max<size_t>(64 << 10, partition_bytes_ / 4); }
 
  private:
   size_t partition_bytes_;
   std::vector<double> weights_;
+  double total_weight_ = 0.0;
   // Smooth weighted round-robin sequence: consecutive parts of a tensor walk
   // it, so a large tensor's bytes split across servers in weight proportion.
   std::vector<uint32_t> pattern_;

@@ -65,10 +65,12 @@ void Worker::start() {
   pusher_ = std::thread([this] { push_loop(); });
 }
 
-std::vector<uint32_t> Worker::part_servers(const std::string& name, size_t nbytes,
-                                           size_t elem) const {
-  std::vector<uint32_t> out;
-  for (auto& p : partitioner_.split(tensor_id_of(name), nbytes, elem)) out.push_back(p.server);
+std::vector<std::tuple<size_t, size_t, uint32_t>> Worker::part_layout(const std::string& name,
+                                                                       size_t nbytes,
+                                                                       size_t elem) const {
+  std::vector<std::tuple<size_t, size_t, uint32_t>> out;
+  for (auto& p : partitioner_.split(tensor_id_of(name), nbytes, elem))
+    out.emplace_back(p.offset, p.len, p.server);
   return out;
 }
 

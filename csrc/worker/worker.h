@@ -10,6 +10,7 @@
 #include <queue>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -51,7 +52,10 @@ class Worker : public FrameHandler {
   void abort(const std::string& reason);
   std::string error() const;
   void shutdown();
-  std::vector<uint32_t> part_servers(const std::string& name, size_t nbytes, size_t elem) const;
+  // The parts a tensor of this name and size is cut into: (offset, len, server) each.
+  std::vector<std::tuple<size_t, size_t, uint32_t>> part_layout(const std::string& name,
+                                                                 size_t nbytes,
+                                                                 size_t elem) const;
 
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
   void on_frame(Connection* c, const FrameHeader& h, void* payload) override;

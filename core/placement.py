@@ -1,0 +1,118 @@
+"""How much of the model each summation server sums (BytePS §4.1, Eq. 1 and 2).
+
+With n worker machines (each with a colocated server) and k CPU-only machines, all of
+bandwidth B, the communication time is minimised when each CPU-machine server sums
+2(n-1)/(n^2+kn-2k) of the model and each colocated server (n-k)/(n^2+kn-2k). When k >= n
+that puts nothing on the colocated servers (plain PS); with k = 0 it is all-reduce's split.
+
+Unequal CPU-machine bandwidths (BytePS footnote 4) generalise the same balance: a CPU
+machine with bandwidth b moves n*x bytes for a share x, a worker machine M + (n-2)y bytes
+for its colocated share y; equalising their times gives x_i proportional to b_i.
+
+The result is a pure function of the membership, so every worker computes the same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .errors import FastPSError
+
+
+@dataclass(frozen=True)
+class ServerSpot:
+    id: int
+    hostname: str
+
+
+def parse_bandwidths(text: Optional[str]) -> Dict[str, float]:
+    """``"c0=1000,c1=500"`` (host name = Mbit/s) -> dict."""
+    out: Dict[str, float] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, value = item.partition("=")
+        try:
+            bw = float(value)
+        except ValueError:
+            bw = -1.0
+        if not sep or not host or bw <= 0:
+            raise FastPSError(
+                f"invalid FASTPS_HOST_BANDWIDTHS entry {item!r}: expected host=Mbit/s, e.g. c0=1000"
+            )
+        out[host.strip()] = bw
+    return out
+
+
+def host_shares(n: int, cpu_bandwidths: Sequence[float], worker_bandwidth: float) -> tuple:
+    """(share of each colocated server, [share of each CPU machine]) of the model bytes."""
+    k = len(cpu_bandwidths)
+    if n < 1:
+        raise FastPSError("placement needs at least one worker machine")
+    if k == 0:
+        return 1.0 / n, []
+    total_cpu = float(sum(cpu_bandwidths))
+    if n <= 2:
+        # Each worker machine moves M bytes whatever the split; the CPU machines can take
+        # load up to that time without slowing the job (for equal bandwidths: Eq. 1 and 2).
+        t = 1.0 / worker_bandwidth
+        xs = [t * b / n for b in cpu_bandwidths]
+        if sum(xs) >= 1.0:
+            return 0.0, [b / total_cpu for b in cpu_bandwidths]
+        return (1.0 - sum(xs)) / n, xs
+    # t: balanced time per model byte; x_i = t*b_i/n; y = (t*Bw - 1)/(n-2); sum x + n*y = 1.
+    t = (2 * n - 2) / ((n - 2) * total_cpu / n + n * worker_bandwidth)
+    y = (t * worker_bandwidth - 1.0) / (n - 2)
+    if y <= 0:
+        # CPU machines alone are fast enough: parameter-server split by bandwidth.
+        return 0.0, [b / total_cpu for b in cpu_bandwidths]
+    return y, [t * b / n for b in cpu_bandwidths]
+
+
+def server_weights(
+    worker_hostnames: Sequence[str],
+    servers: Sequence[ServerSpot],
+    bandwidths: Optional[Mapping[str, float]] = None,
+) -> List[float]:
+    """Share of bytes for each server id (sorted by id), summing to 1.
+
+    A server whose host also runs a worker is "colocated"; others are CPU machines. Several
+    servers on one host split that host's share evenly.
+    """
+    if not servers:
+        return []
+    bandwidths = dict(bandwidths or {})
+    worker_hosts = list(dict.fromkeys(worker_hostnames))
+    by_host: Dict[str, List[int]] = {}
+    for s in sorted(servers, key=lambda s: s.id):
+        by_host.setdefault(s.hostname, []).append(s.id)
+    cpu_hosts = [h for h in by_host if h not in worker_hosts]
+    colocated_hosts = [h for h in by_host if h in worker_hosts]
+    default_bw = max(bandwidths.values(), default=1.0)
+    worker_bw = min((bandwidths.get(h, default_bw) for h in worker_hosts), default=default_bw)
+    # Worker machines without a server cannot take a colocated share.
+    n = len(worker_hosts)
+    if cpu_hosts and colocated_hosts:
+        y, xs = host_shares(n, [bandwidths.get(h, default_bw) for h in cpu_hosts], worker_bw)
+        shares = {h: x for h, x in zip(cpu_hosts, xs)}
+        shares.update({h: y for h in colocated_hosts})
+    elif cpu_hosts:
+        total = sum(bandwidths.get(h, default_bw) for h in cpu_hosts)
+        shares = {h: bandwidths.get(h, default_bw) / total for h in cpu_hosts}
+    else:
+        shares = {h: 1.0 for h in colocated_hosts}
+    weights = {sid: shares[h] / len(ids) for h, ids in by_host.items() for sid in ids}
+    total = sum(weights.values())
+    return [weights[s.id] / total for s in sorted(servers, key=lambda s: s.id)]
+
+
+def optimal_time(n: int, k: int, model_bytes: float, bandwidth: float) -> float:
+    """BytePS Eq. 6: 2n(n-1)M / ((n^2 + kn - 2k) B); PS time M/B once k >= n."""
+    if n <= 1:
+        return 0.0
+    k = min(k, n)
+    return 2 * n * (n - 1) * model_bytes / ((n * n + k * n - 2 * k) * bandwidth)

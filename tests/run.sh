@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up everything the test suite needs on a fresh machine and runs all of it:
+# the core and PyTorch tests in this interpreter, then TensorFlow and MXNet in the
+# environments their own scripts build (tests/envs/<framework>.sh prints its python).
+# Usage: tests/run.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+echo "== installing build and test dependencies"
+$PY -m pip install -q --disable-pip-version-check \
+  "setuptools>=64" wheel "pybind11>=2.11" cmake ninja numpy click \
+  pytest pytest-timeout scikit-learn matplotlib ruff torch==2.13.0
+echo "== building fastps (C++ core) in place"
+$PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+
+status=0
+echo "== core and PyTorch tests"
+$PY -m pytest -q tests --ignore=tests/tensorflow --ignore=tests/mxnet "$@" || status=1
+
+for fw in tensorflow mxnet; do
+  if [ -f "tests/envs/$fw.sh" ] && [ -d "tests/$fw" ]; then
+    echo "== $fw environment"
+    if fwpy=$(bash "tests/envs/$fw.sh" | tail -n 1) && [ -x "$fwpy" ]; then
+      echo "== $fw tests ($fwpy)"
+      "$fwpy" -m pytest -q "tests/$fw" -p no:cacheprovider "$@" || status=1
+    else
+      echo "could not set up the $fw environment" >&2
+      status=1
+    fi
+  fi
+done
+exit $status

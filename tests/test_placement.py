@@ -1,0 +1,99 @@
+"""The optimal split of summation work (BytePS Eq. 1, 2) and its byte balance."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from fastps import _core
+from fastps.placement import ServerSpot, optimal_time, parse_bandwidths, server_weights
+from jobs import WORKERS, Job
+
+
+def layout(n: int, k: int):
+    workers = [f"w{i}" for i in range(n)]
+    servers = [ServerSpot(i, f"w{i}") for i in range(n)]
+    servers += [ServerSpot(n + j, f"c{j}") for j in range(k)]
+    return workers, servers
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("k", [0, 1, 2, 4, 5])
+def test_weights_follow_eq1_and_eq2(n: int, k: int) -> None:
+    w = server_weights(*layout(n, k))
+    assert abs(sum(w) - 1) < 1e-9
+    if k == 0:
+        assert w == pytest.approx([1 / n] * n)
+    elif k >= n:
+        assert w[:n] == pytest.approx([0.0] * n)
+        assert w[n:] == pytest.approx([1 / k] * k)
+    else:
+        d = n * n + k * n - 2 * k
+        assert w[:n] == pytest.approx([(n - k) / d] * n)
+        assert w[n:] == pytest.approx([2 * (n - 1) / d] * k)
+
+
+def test_unequal_cpu_bandwidth_gets_proportional_share() -> None:
+    workers, servers = layout(4, 2)
+    w = server_weights(workers, servers, parse_bandwidths("c0=1000,c1=500,w0=1000"))
+    assert w[4] == pytest.approx(2 * w[5])
+    # The balance condition: a CPU machine's time n*x/b equals a worker machine's (1+(n-2)y)/B.
+    n, y = 4, w[0]
+    assert n * w[4] / 1000 == pytest.approx((1 + (n - 2) * y) / 1000)
+    with pytest.raises(Exception, match="c0=fast"):
+        parse_bandwidths("c0=fast")
+
+
+def test_optimal_time_matches_allreduce_and_ps_limits() -> None:
+    m, b = 100.0, 10.0
+    assert optimal_time(4, 0, m, b) == pytest.approx(2 * 3 * m / (4 * b))  # ring all-reduce
+    assert optimal_time(4, 4, m, b) == pytest.approx(m / b)  # PS with as many CPU machines
+
+
+@pytest.mark.parametrize("n,k", [(4, 0), (4, 1), (4, 2), (4, 4), (2, 1)])
+def test_parts_are_balanced_by_bytes_and_identical_on_every_worker(n: int, k: int) -> None:
+    rng = np.random.default_rng(0)
+    shapes = [64 * 3 * 49] + [
+        int(x) for x in rng.choice([256, 2048, 64 * 64 * 9, 256 * 256 * 9, 512 * 512 * 9,
+                                    2048 * 512], 160)
+    ] + [2048 * 1000]
+    w = np.array(server_weights(*layout(n, k)))
+    loads = []
+    for rank in range(2):
+        wk = _core.Worker(rank=rank, num_workers=2, servers=["127.0.0.1:1"] * len(w),
+                          job_id="j", token="t", server_weights=list(w))
+        load = np.zeros(len(w))
+        for i, s in enumerate(shapes):
+            for _off, ln, sid in wk.part_layout(f"layer{i}.weight", s * 4, 4):
+                load[sid] += ln
+        loads.append(load)
+    assert np.array_equal(loads[0], loads[1])
+    share = loads[0] / loads[0].sum()
+    assert np.all(np.abs(share - w) <= 0.05 * w + 1e-12), (share, w)
+
+
+CASES = [(n, k, local) for n in (1, 2, 4) for k in (0, 1, 2, 4, 5) for local in (1, 2)]
+FAST = {(1, 0, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1), (4, 4, 1), (2, 5, 2)}
+
+
+@pytest.mark.parametrize(
+    "n,k,local",
+    [pytest.param(*c, marks=() if c in FAST else pytest.mark.slow) for c in CASES],
+)
+def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
+    worker_hosts = [f"w{i // local}" for i in range(n * local)]
+    server_hosts = [f"w{i}" for i in range(n)] + [f"c{j}" for j in range(k)]
+    with Job(n * local, n + k, [os.path.join(WORKERS, "placement_worker.py")],
+             worker_hosts=worker_hosts, server_hosts=server_hosts) as job:
+        job.wait(120, job.workers())
+        for wp in job.workers():
+            assert wp.popen.returncode == 0 and "PLACEMENT-OK" in wp.output, job.dump()
+        out = job.proc("worker", 0).output
+        weights = json.loads(re.search(r"WEIGHTS (.*)", out).group(1))
+        assert weights == pytest.approx(server_weights(*layout(n, k)))
+        lr, ls, cr, cs = map(int, re.search(r"LOCAL (\d+) (\d+) (\d+) (\d+)", out).group(1, 2, 3, 4))
+        assert (lr, ls, cr, cs) == (0, local, 0, n)
