@@ -100,7 +100,9 @@ def run_fastps(args: argparse.Namespace, workers: int, servers: int) -> float:
            str(servers), *_child_args(args, "fastps")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if p.returncode != 0:
-        raise RuntimeError(f"fastps run failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+        raise RuntimeError(
+            f"fastps run failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+        )
     return float(_result(p.stdout)["median_s"])
 
 

@@ -18,7 +18,12 @@ _API = {
     "broadcast_async", "barrier", "poll", "synchronize", "Handle",
 }
 
-__all__ = sorted(_API | {"FastPSError", "FastPSAbort", "FastPSTimeoutError", "__version__"})
+__all__ = [
+    "FastPSAbort", "FastPSError", "FastPSTimeoutError", "Handle", "__version__", "barrier",
+    "broadcast", "broadcast_async", "cross_rank", "cross_size", "init", "is_initialized",
+    "local_rank", "local_size", "num_servers", "poll", "push_pull", "push_pull_async", "rank",
+    "shutdown", "size", "synchronize",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,8 +28,13 @@ log = logging.getLogger("fastps.worker")
 
 
 class _State:
-    def __init__(self, cfg: Config, client: Optional[ControlClient], membership: Optional[Membership],
-                 worker: Any) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        client: Optional[ControlClient],
+        membership: Optional[Membership],
+        worker: Any,
+    ) -> None:
         self.cfg = cfg
         self.client = client
         self.membership = membership
@@ -260,7 +265,8 @@ def _explain(st: _State, msg: str) -> FastPSError:
     """Turns a core error into the exception users see, preferring the scheduler's
     description (which names ranks and shapes) when one is on its way."""
     client = st.client
-    if client is not None and ("mismatch" in msg or "lost connection" in msg or "disconnected" in msg):
+    peer_trouble = ("mismatch", "lost connection", "disconnected")
+    if client is not None and any(word in msg for word in peer_trouble):
         deadline = time.monotonic() + 2.0
         while client.abort_reason is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -357,7 +363,9 @@ def poll(handle: Handle) -> bool:
     return handle.poll()
 
 
-def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None) -> Handle:
+def broadcast_async(
+    tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None
+) -> Handle:
     """Starts copying root_rank's ``tensor`` to every worker (into ``out``, default new)."""
     st = _st()
     if not 0 <= root_rank < st.cfg.num_workers:

@@ -8,7 +8,6 @@ import re
 
 import numpy as np
 import pytest
-
 from fastps import _core
 from fastps.placement import ServerSpot, optimal_time, parse_bandwidths, server_weights
 from jobs import WORKERS, Job
@@ -95,5 +94,6 @@ def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
         out = job.proc("worker", 0).output
         weights = json.loads(re.search(r"WEIGHTS (.*)", out).group(1))
         assert weights == pytest.approx(server_weights(*layout(n, k)))
-        lr, ls, cr, cs = map(int, re.search(r"LOCAL (\d+) (\d+) (\d+) (\d+)", out).group(1, 2, 3, 4))
+        found = re.search(r"LOCAL (\d+) (\d+) (\d+) (\d+)", out)
+        lr, ls, cr, cs = map(int, found.group(1, 2, 3, 4))
         assert (lr, ls, cr, cs) == (0, local, 0, n)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
-
 import fastps
+import numpy as np
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8",
           "int16", "bool"]

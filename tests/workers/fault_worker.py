@@ -12,9 +12,8 @@ import socket
 import sys
 import time
 
-import numpy as np
-
 import fastps
+import numpy as np
 from fastps import api
 
 

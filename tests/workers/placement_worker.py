@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 import fastps
+import numpy as np
 from fastps import api
 
 
