@@ -69,7 +69,7 @@ def init(config: Optional[Config] = None) -> None:
         if _state is not None:
             return
         cfg = config or Config.from_env()
-        cfg.setup_logging(f"[worker {cfg.rank}]")
+        cfg.setup_logging("fastps")
         core = _core()
         client: Optional[ControlClient] = None
         membership: Optional[Membership] = None

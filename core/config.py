@@ -121,29 +121,46 @@ def is_loopback_host(host: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
-def default_advertised_host(scheduler_host: Optional[str]) -> str:
-    """The address a process advertises when ``FASTPS_HOST`` is unset.
-
-    ``127.0.0.1`` when the scheduler is local (or unknown); otherwise the local address
-    the kernel routes towards the scheduler (a UDP ``connect`` sends no packet), falling
-    back to resolving this machine's host name.
-    """
-    if scheduler_host is None or is_loopback_host(scheduler_host):
-        return "127.0.0.1"
+def _route_source(target: str) -> Optional[str]:
+    """The local address the kernel would use to reach ``target`` (a UDP ``connect`` sends
+    no packet), or None."""
     try:
-        infos = socket.getaddrinfo(scheduler_host, 9, type=socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)
         family, _, _, _, sockaddr = infos[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(sockaddr)
-            local = s.getsockname()[0]
-        if local and not ipaddress.ip_address(local).is_unspecified:
-            return str(local)
+            local = str(s.getsockname()[0])
+        ip = ipaddress.ip_address(local)
     except (OSError, ValueError, IndexError):
-        pass
+        return None
+    return None if ip.is_unspecified else local
+
+
+def _resolved_hostname() -> Optional[str]:
+    """This machine's host name resolved to an address, unless that is loopback."""
     try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
+        local = socket.gethostbyname(socket.gethostname())
+        return None if ipaddress.ip_address(local).is_loopback else local
+    except (OSError, ValueError):
+        return None
+
+
+def default_advertised_host(scheduler_host: Optional[str]) -> str:
+    """The address a process advertises when ``FASTPS_HOST`` is unset.
+
+    ``127.0.0.1`` when the scheduler is local (or unknown). Otherwise, in order: the local
+    address that routes to the scheduler; this machine's host name resolved (if that is not
+    a loopback address, as Debian's ``127.0.1.1`` entry is); the address of the default
+    route; ``127.0.0.1``.
+    """
+    if scheduler_host is None or is_loopback_host(scheduler_host):
         return "127.0.0.1"
+    return (
+        _route_source(scheduler_host)
+        or _resolved_hostname()
+        or _route_source("192.0.2.1")  # TEST-NET-1: only the routing table is consulted
+        or "127.0.0.1"
+    )
 
 
 class _Env:

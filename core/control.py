@@ -205,6 +205,8 @@ class ControlClient:
         self._abort_cbs: List[Callback] = []
         self._shutdown_cbs: List[Callback] = []
         self._threads: List[threading.Thread] = []
+        self._decoder = FrameDecoder()
+        self._early: List[Dict[str, Any]] = []
 
     # ------------------------------------------------------------------ state
     @property
@@ -242,6 +244,8 @@ class ControlClient:
             return sock
 
     def _authenticate(self, sock: socket.socket) -> None:
+        """Answers the challenge; messages that arrive right after ``auth_ok`` (an abort)
+        are kept for the receiver thread."""
         sock.settimeout(AUTH_STEP_TIMEOUT)
         decoder = FrameDecoder()
         pending: List[Dict[str, Any]] = []
@@ -279,8 +283,8 @@ class ControlClient:
         reply = recv_one("authentication")
         if reply["type"] != "auth_ok":
             raise FastPSError(f"scheduler refused authentication: {reply.get('message', reply)}")
-        if pending:  # nothing else is sent before we register; keep the invariant simple
-            raise FastPSError("unexpected messages from scheduler after authentication")
+        self._decoder = decoder
+        self._early = pending
 
     def register(
         self,
@@ -492,7 +496,10 @@ class ControlClient:
     def _recv_loop(self) -> None:
         sock = self._sock
         assert sock is not None
-        decoder = FrameDecoder()
+        decoder = self._decoder
+        for msg in self._early:
+            self._dispatch(msg)
+        self._early = []
         lost: Optional[str] = None
         while True:
             try:

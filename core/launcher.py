@@ -36,6 +36,7 @@ KILL_GRACE = 5.0  # SIGTERM → SIGKILL
 POLL = 0.05
 SERVER_EXIT_WAIT = 30.0  # how long servers get to leave after every worker finished
 SHM_DIR = "/dev/shm"
+LINE_LIMIT = 65536  # longer lines are forwarded in pieces
 
 _out_lock = threading.Lock()
 
@@ -102,9 +103,11 @@ def _pump(stream: IO[bytes], prefix: bytes, sink: BinaryIO) -> None:
     at_line_start = True
     try:
         while True:
-            chunk = stream.readline(65536)
+            chunk = stream.readline(LINE_LIMIT)
             if not chunk:
                 break
+            if not chunk.endswith(b"\n") and len(chunk) < LINE_LIMIT:
+                chunk += b"\n"  # the last line, unterminated: finish it in the same write
             data = (prefix + chunk) if at_line_start else chunk
             at_line_start = chunk.endswith(b"\n")
             _write(sink, data)

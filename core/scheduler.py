@@ -68,6 +68,7 @@ class _Conn:
         self.info: Dict[str, Any] = {}
         self.said_bye = False
         self.draining = False  # no more input handled; close once output is flushed
+        self.drain_started_at = 0.0
         self.fin_sent_at: Optional[float] = None
         self.closed = False
 
@@ -391,7 +392,9 @@ class Scheduler:
 
     def _drain(self, conn: _Conn) -> None:
         """Stops handling input from ``conn``; closes it once its output is flushed."""
-        conn.draining = True
+        if not conn.draining:
+            conn.draining = True
+            conn.drain_started_at = time.monotonic()
         self._flush(conn)
 
     def _close_conn(self, conn: _Conn, why: Optional[str]) -> None:
@@ -441,6 +444,9 @@ class Scheduler:
             if conn.fin_sent_at is not None:
                 if now - conn.fin_sent_at > LINGER:
                     self._close_conn(conn, "peer did not close after our FIN")
+            elif conn.draining:
+                if now - conn.drain_started_at > self.grace:
+                    self._close_conn(conn, "peer did not read its last messages")
             elif not conn.authed:
                 if now - conn.accepted_at > self.auth_timeout:
                     log.warning(

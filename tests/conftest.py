@@ -3,6 +3,7 @@ and in every subprocess a test starts, without requiring the package to be insta
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -26,11 +27,22 @@ def _fastps_path() -> str:
     return str(base)
 
 
-_PATH = _fastps_path()
-sys.path.insert(0, _PATH)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (_PATH, os.environ.get("PYTHONPATH", "")) if p
-)
+def _installed_from_checkout() -> bool:
+    """True when ``import fastps`` (e.g. an editable install) already finds this checkout."""
+    try:
+        spec = importlib.util.find_spec("fastps")
+    except (ImportError, ValueError):
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and Path(origin).resolve().parent == CORE.resolve()
+
+
+if not _installed_from_checkout():
+    _PATH = _fastps_path()
+    sys.path.insert(0, _PATH)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PATH, os.environ.get("PYTHONPATH", "")) if p
+    )
 
 
 @pytest.fixture

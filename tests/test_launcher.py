@@ -219,3 +219,17 @@ def test_killed_server_stops_the_job(subprocess_env: Dict[str, str], tmp_path: P
     assert proc.returncode == 137
     assert "fastpsrun: server 0 (pid" in proc.stderr and "killed by SIGKILL" in proc.stderr
     assert wait_gone(read_pids(tmp_path)) == []
+
+
+def test_process_ignoring_sigterm_is_killed(subprocess_env: Dict[str, str], tmp_path: Path) -> None:
+    script = (
+        f'trap "" TERM; echo $$ > {tmp_path}/w$FASTPS_RANK.pids; '
+        'if [ "$FASTPS_RANK" = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60'
+    )
+    t0 = time.monotonic()
+    proc = fastpsrun(["-np", "2", "--num-servers", "0", "sh", "-c", script], subprocess_env)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr
+    assert "worker 1 (pid" in proc.stderr and "exited with code 3" in proc.stderr
+    assert 4.5 < elapsed < 15  # SIGTERM ignored: SIGKILL after the 5 s grace
+    assert wait_gone(read_pids(tmp_path)) == []

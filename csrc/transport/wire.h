@@ -1,6 +1,7 @@
 // Frames exchanged between workers and summation servers. Every data frame is
 // a fixed header followed by `len` payload bytes. Little-endian hosts only.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace fastps {
@@ -20,7 +21,8 @@ enum class MsgType : uint8_t {
   kBye = 5,     // either side: clean close follows
 };
 
-#pragma pack(push, 1)
+// Naturally aligned (every field at a multiple of its size), so no packing is needed and
+// the header can live inside other structs without misaligned loads.
 struct FrameHeader {
   uint32_t magic;
   uint8_t type;
@@ -34,6 +36,7 @@ struct FrameHeader {
   uint64_t round;          // how many times this part was pushed before
 };
 
+#pragma pack(push, 1)
 struct Challenge {
   uint32_t magic;
   uint8_t nonce[kNonceBytes];
@@ -49,5 +52,7 @@ struct Hello {
 #pragma pack(pop)
 
 static_assert(sizeof(FrameHeader) == 48, "wire header layout");
+static_assert(offsetof(FrameHeader, tensor) == 16 && offsetof(FrameHeader, round) == 40,
+              "wire header layout");
 
 }  // namespace fastps
