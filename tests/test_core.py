@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from jobs import WORKERS, Job
 
 CORE_WORKER = os.path.join(WORKERS, "core_worker.py")

@@ -1,0 +1,31 @@
+"""``python -m fastps``: runs the role named by FASTPS_ROLE (scheduler or server).
+
+Lets external launchers (SLURM, Kubernetes, mpirun, network-namespace harnesses) start every
+non-worker process with one command line and the documented environment variables. Workers
+are the user's own program.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    role = os.environ.get("FASTPS_ROLE", "").lower()
+    if role == "scheduler":
+        from .scheduler import main as run
+    elif role == "server":
+        from .server import main as run
+    else:
+        print(
+            f"python -m fastps: FASTPS_ROLE={role or '(unset)'}: expected 'scheduler' or "
+            "'server' (workers run your training script)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    run()
+
+
+if __name__ == "__main__":
+    main()
