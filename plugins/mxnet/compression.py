@@ -1,0 +1,63 @@
+"""Gradient compression around a push_pull: ``Compression.none`` and ``Compression.fp16``."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import numpy as np
+
+import mxnet as mx
+
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
+
+NDArray = mx.nd.NDArray
+
+
+class Compressor:
+    """Turns a tensor into what is sent (``compress``) and back (``decompress``)."""
+
+    @staticmethod
+    def compress(tensor: NDArray) -> Tuple[NDArray, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: NDArray, ctx: Any) -> NDArray:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: NDArray) -> Tuple[NDArray, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: NDArray, ctx: Any) -> NDArray:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16 (half the bytes); other dtypes unchanged.
+
+    The sum over workers is computed in float16, so it can overflow past 65504 and loses
+    precision; scale losses accordingly.
+    """
+
+    @staticmethod
+    def compress(tensor: NDArray) -> Tuple[NDArray, Any]:
+        dtype = np.dtype(tensor.dtype)
+        if dtype.kind == "f" and dtype != np.float16:
+            return tensor.astype("float16"), dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: NDArray, ctx: Any) -> NDArray:
+        return tensor if ctx is None else tensor.astype(ctx)
+
+
+class Compression:
+    """The compressors, by Horovod's names."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,321 @@
+"""Training helpers: broadcast_parameters, DistributedOptimizer and DistributedTrainer."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from fastps import api as _api
+from fastps.errors import FastPSError
+
+import mxnet as mx
+
+from .compression import Compression, Compressor
+from .ops import (
+    MXHandle,
+    _start,
+    broadcast_async_,
+    check_same_everywhere,
+    dtype_name,
+    push_pull_async_,
+)
+
+__all__ = ["broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
+
+# Default name prefixes carry a creation-order number (the same on every worker), so two
+# trainers or optimizers never reuse each other's tensor names.
+_trainers = itertools.count()
+_optimizers = itertools.count()
+
+
+def _default_prefix(base: str, counter: itertools.count[int]) -> str:
+    n = next(counter)
+    return f"{base}." if n == 0 else f"{base}{n}."
+
+NDArray = mx.nd.NDArray
+Parameter = mx.gluon.Parameter
+_DeferredInit = mx.gluon.parameter.DeferredInitializationError
+
+
+# ----------------------------------------------------------------------------- parameters
+def _broadcast_param_now(param: Parameter, root_rank: int, name: str) -> None:
+    arrays = param.list_data()
+    broadcast_async_(arrays[0], root_rank, name).synchronize()
+    for other in arrays[1:]:
+        arrays[0].copyto(other)
+
+
+def _broadcast_after_deferred_init(param: Parameter, root_rank: int, name: str) -> None:
+    """Gluon creates a parameter's data at the first forward pass when its shape was left
+    open; broadcast it right after that (every worker runs that pass in the same order)."""
+    original = param._init_impl
+
+    def init_then_broadcast(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        del param._init_impl  # back to the class's method
+        _broadcast_param_now(param, root_rank, name)
+
+    param._init_impl = init_then_broadcast
+
+
+def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
+                         root_rank: int = 0, prefix: Optional[str] = None) -> None:
+    """Overwrites every parameter with ``root_rank``'s value, in place.
+
+    ``params``: a dict of name to NDArray (``Module.get_params()``), a Gluon ParameterDict
+    (``net.collect_params()``) or a dict/list of Gluon Parameters. Parameters whose
+    initialization Gluon deferred are broadcast as soon as they are initialized.
+    """
+    prefix = "broadcast_parameters." if prefix is None else prefix
+    if isinstance(params, (dict, mx.gluon.ParameterDict)) or hasattr(params, "items"):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, (list, tuple)):
+        items = [(p.name if isinstance(p, Parameter) else str(i), p)
+                 for i, p in enumerate(params)]
+    else:
+        raise FastPSError(
+            "broadcast_parameters: params must be a dict, a ParameterDict or a list of "
+            f"Parameters, got {type(params).__name__}"
+        )
+    signature = []
+    for key, value in items:
+        if isinstance(value, NDArray):
+            signature.append(f"{key} {dtype_name(value)}{list(value.shape)}")
+        elif isinstance(value, Parameter):
+            signature.append(f"{key} {np.dtype(value.dtype).name}{list(value.shape or ())}")
+        else:
+            signature.append(f"{key} {type(value).__name__}")
+    check_same_everywhere(signature, [""] * len(signature),
+                          "broadcast_parameters: the parameters",
+                          _api.auto_name(f"{prefix}check"))
+    handles: List[MXHandle] = []
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, NDArray):
+            handles.append(broadcast_async_(value, root_rank, name))
+        elif isinstance(value, Parameter):
+            try:
+                value.list_data()
+            except _DeferredInit:
+                _broadcast_after_deferred_init(value, root_rank, name)
+                continue
+            _broadcast_param_now(value, root_rank, name)
+        else:
+            raise FastPSError(
+                f"broadcast_parameters: '{key}' is a {type(value).__name__}, not an NDArray "
+                "or a Parameter"
+            )
+    for h in handles:
+        h.synchronize()
+
+
+# ------------------------------------------------------------------------------ optimizer
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps an ``mx.optimizer.Optimizer`` so every update first averages the gradients
+    over all workers (in place), then runs the wrapped optimizer.
+
+    Every attribute not defined here is read from and written to the wrapped optimizer, so
+    ``rescale_grad``, ``param_dict``, learning-rate schedules and the rest keep working when
+    a Gluon ``Trainer`` or an ``Updater`` drives it. One device per worker process.
+    """
+
+    _OWN = ("_fastps_opt", "_fastps_predivide", "_fastps_prefix")
+
+    def __init__(self, optimizer: mx.optimizer.Optimizer,
+                 gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
+                 num_groups: int = 0) -> None:
+        # num_groups (Horovod's fusion groups) is accepted and unused, as in the trainer.
+        # The base constructor is not called: its attributes live in the wrapped optimizer.
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise FastPSError(
+                f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
+                f"{type(optimizer).__name__}"
+            )
+        object.__setattr__(self, "_fastps_opt", optimizer)
+        object.__setattr__(self, "_fastps_predivide", float(gradient_predivide_factor))
+        if prefix is None:
+            prefix = _default_prefix("DistributedOptimizer", _optimizers)
+        object.__setattr__(self, "_fastps_prefix", prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in DistributedOptimizer._OWN:
+            raise AttributeError(name)
+        return getattr(self._fastps_opt, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in DistributedOptimizer._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._fastps_opt, name, value)
+
+    @property
+    def optimizer(self) -> mx.optimizer.Optimizer:
+        """The wrapped optimizer."""
+        return self._fastps_opt
+
+    def _average(self, index: Any, grad: Any) -> None:
+        indices = index if isinstance(index, (list, tuple)) else [index]
+        grads = grad if isinstance(grad, (list, tuple)) else [grad]
+        f = self._fastps_predivide
+        handles = []
+        for idx, g in zip(indices, grads):
+            if f != 1.0:
+                g *= 1.0 / f
+            priority = -idx if isinstance(idx, int) else 0
+            handles.append(push_pull_async_(
+                g, average=True, name=f"{self._fastps_prefix}{idx}",
+                priority=priority, postscale_factor=f))
+        for h in handles:
+            h.synchronize()
+
+    def create_state(self, index: Any, weight: NDArray) -> Any:
+        return self._fastps_opt.create_state(index, weight)
+
+    def create_state_multi_precision(self, index: Any, weight: NDArray) -> Any:
+        return self._fastps_opt.create_state_multi_precision(index, weight)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        self._average(index, grad)
+        self._fastps_opt.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        self._average(index, grad)
+        self._fastps_opt.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._fastps_opt.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult: Dict[Any, float]) -> None:
+        self._fastps_opt.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult: Dict[Any, float]) -> None:
+        self._fastps_opt.set_wd_mult(args_wd_mult)
+
+    @property
+    def learning_rate(self) -> float:
+        return self._fastps_opt.learning_rate
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in DistributedOptimizer._OWN}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
+
+# -------------------------------------------------------------------------------- trainer
+def _creation_order(params: Any) -> Optional[Dict[str, int]]:
+    """Parameter name -> position in the order the model created them (≈ forward order).
+
+    gluon.Trainer sorts a dict's parameters by name, which puts ``dense10`` before
+    ``dense2``; the dict's own order (ParameterDict keeps registration order) is the better
+    guide for priorities.
+    """
+    if isinstance(params, (list, tuple)):
+        return {p.name: i for i, p in enumerate(params) if isinstance(p, Parameter)}
+    if hasattr(params, "values"):
+        return {p.name: i for i, p in enumerate(params.values()) if isinstance(p, Parameter)}
+    return None
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A ``gluon.Trainer`` that averages gradients over all workers with fastps.
+
+    Use exactly like ``gluon.Trainer`` (``trainer.step(batch_size)`` with the per-worker
+    batch size): N workers taking a step on their own batches update the parameters as one
+    process would on the N batches together.
+
+    Overlap: MXNet runs ``backward()`` asynchronously on its engine threads, so when
+    ``step()`` starts the last layers' gradients exist and the first layers' may not.
+    ``_allreduce_grads`` walks the parameters in backward order (last created first); for
+    each it waits only until that gradient is written, then starts its push_pull and moves
+    on. Communication of the later layers therefore overlaps the engine's backward
+    computation of the earlier layers, and all gradients are in flight together, sent in
+    forward order of priority (the first layer is the most urgent: the next forward pass
+    needs it first). The optimizer update starts after every gradient is back; it does not
+    overlap communication, nor does the next forward pass.
+    """
+
+    def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[dict] = None,
+                 compression: type[Compressor] = Compression.none,
+                 gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
+                 num_groups: int = 0) -> None:
+        # num_groups (Horovod's fusion groups) is accepted and unused: every gradient is in
+        # flight at once anyway, and the core cuts and schedules the parts.
+        if isinstance(optimizer, DistributedOptimizer):
+            warnings.warn(
+                "DistributedTrainer averages gradients itself: the DistributedOptimizer "
+                "wrapper is removed", stacklevel=2)
+            optimizer = optimizer.optimizer
+        order = _creation_order(params)
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None,
+                         update_on_kvstore=False)
+        self._fastps_compression = compression
+        self._fastps_predivide = float(gradient_predivide_factor)
+        self._fastps_prefix = (_default_prefix("DistributedTrainer", _trainers)
+                               if prefix is None else prefix)
+        # Priority of each parameter index: forward (creation) order, first = largest.
+        n = len(self._params)
+        self._fastps_priority = [
+            -(order.get(p.name, i) if order else i) for i, p in enumerate(self._params)
+        ]
+        # Backward order: the reverse of creation order.
+        self._fastps_backward = sorted(range(n), key=lambda i: self._fastps_priority[i])
+        self._fastps_checked = False
+
+    def _fastps_check(self) -> None:
+        """Once: every worker must reduce the same gradients (count, shapes, dtypes)."""
+        live = [p for p in self._params if p.grad_req != "null"]
+        grads = [p.list_grad()[0] for p in live]
+        check_same_everywhere([f"{dtype_name(g)}{list(g.shape)}" for g in grads],
+                              [p.name for p in live], "DistributedTrainer: the gradients",
+                              _api.auto_name(f"{self._fastps_prefix}check"))
+        self._fastps_checked = True
+
+    def _allreduce_grads(self) -> None:
+        if _api.size() == 1:
+            return
+        if not self._fastps_checked:
+            self._fastps_check()
+        f = self._fastps_predivide
+        pending: List[Tuple[int, MXHandle, NDArray, Any, NDArray]] = []
+        for i in self._fastps_backward:
+            param = self._params[i]
+            if param.grad_req == "null":
+                continue
+            grads = param.list_grad()
+            if grads[0].stype != "default":
+                raise FastPSError(
+                    f"DistributedTrainer: parameter '{param.name}' has {grads[0].stype} "
+                    "gradients, which fastps does not reduce; use dense gradients"
+                )
+            grad = grads[0]
+            for other in grads[1:]:  # several devices in this worker: sum locally first
+                grad += other.as_in_context(grad.context)
+            if f != 1.0:
+                grad *= 1.0 / f
+            sent, ctx = self._fastps_compression.compress(grad)
+            name = f"{self._fastps_prefix}grad.{i}"
+            # A gradient that backward wrote this step has no reader left from the last
+            # step (the engine ran those before that write): waiting for the write is
+            # enough, and costs no engine round trip once the write has landed.
+            fresh = sent is not grad or param.list_data()[0]._fresh_grad
+            try:
+                handle = _start(sent, sent, name, self._fastps_priority[i],
+                                f / _api.size(), out_wait="read" if fresh else "write")
+            except FastPSError as exc:
+                raise FastPSError(f"parameter '{param.name}': {exc}") from None
+            pending.append((i, handle, sent, ctx, grad))
+        # Results arrive in priority order, so waiting in that order wastes nothing.
+        pending.sort(key=lambda p: -self._fastps_priority[p[0]])
+        for i, handle, sent, ctx, grad in pending:
+            try:
+                handle.synchronize()
+            except FastPSError as exc:
+                raise type(exc)(f"parameter '{self._params[i].name}': {exc}") from None
+            if sent is not grad:
+                grad[:] = self._fastps_compression.decompress(sent, ctx)
+            for other in self._params[i].list_grad()[1:]:
+                grad.copyto(other)
