@@ -70,6 +70,9 @@ def init(config: Optional[Config] = None) -> None:
         membership: Optional[Membership] = None
         servers: List[str] = []
         weights: List[float] = []
+        local_ranks: List[int] = []
+        local_servers: List[bool] = []
+        num_hosts = 0
         if cfg.scheduler_addr is None:
             if cfg.num_workers != 1:
                 cfg.require_scheduler_addr()
@@ -96,6 +99,7 @@ def init(config: Optional[Config] = None) -> None:
                 [placement.ServerSpot(s.id, s.hostname) for s in membership.servers],
                 placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
             )
+            local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
         worker = core.Worker(
             rank=cfg.rank,
             num_workers=cfg.num_workers,
@@ -107,6 +111,11 @@ def init(config: Optional[Config] = None) -> None:
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
             server_weights=weights,
+            local_ranks=local_ranks,
+            local_servers=local_servers,
+            num_hosts=num_hosts,
+            shm=cfg.shm,
+            shm_bytes=cfg.shm_bytes,
         )
         try:
             worker.start()
@@ -120,6 +129,16 @@ def init(config: Optional[Config] = None) -> None:
         _state = _State(cfg, client, membership, worker)
         atexit.register(shutdown)
         _install_excepthook()
+
+
+def _locality(membership: Membership, rank: int) -> Tuple[List[int], List[bool], int]:
+    """(ranks of the workers on this host, whether each server is on this host, number of
+    hosts with workers). Hosts are told apart by FASTPS_HOSTNAME, so tests can emulate them."""
+    me = membership.worker(rank).hostname
+    local_ranks = sorted(w.rank for w in membership.workers if w.hostname == me)
+    local_servers = [s.hostname == me for s in membership.servers if s.addr]
+    num_hosts = len({w.hostname for w in membership.workers})
+    return local_ranks, local_servers, num_hosts
 
 
 def _install_excepthook() -> None:
