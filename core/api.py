@@ -232,6 +232,21 @@ def server_weights() -> List[float]:
     )
 
 
+def local_plan() -> Optional[str]:
+    """The topology-aware local aggregation plan for this host (BytePS §4.2.3), from
+    FASTPS_TOPOLOGY or ``nvidia-smi topo -m``; None on a host without GPUs."""
+    from . import topology
+
+    plan = topology.host_plan(os.environ.get("FASTPS_TOPOLOGY"))
+    return plan.describe() if plan else None
+
+
+def data_path_stats() -> Dict[str, Any]:
+    """How this worker's parts travelled so far: pushes through shared memory or TCP, parts
+    it summed as its host's local owner, contributions handed to local owners."""
+    return dict(_st().worker.stats())
+
+
 def num_servers() -> int:
     st = _st()
     return len(st.membership.servers) if st.membership else 0

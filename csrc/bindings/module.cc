@@ -120,5 +120,17 @@ PYBIND11_MODULE(_core, m) {
       .def("error", &Worker::error)
       .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
            py::arg("elem_size"))
+      .def("stats",
+           [](const Worker& w) {
+             const auto& s = w.stats();
+             py::dict d;
+             d["local_reduce"] = w.local_reduce();
+             d["pushed_shm"] = s.pushed_shm.load();
+             d["pushed_socket"] = s.pushed_socket.load();
+             d["reduced_locally"] = s.reduced_locally.load();
+             d["contributed_shm"] = s.contributed_shm.load();
+             d["contributed_socket"] = s.contributed_socket.load();
+             return d;
+           })
       .def("shutdown", &Worker::shutdown, py::call_guard<py::gil_scoped_release>());
 }

@@ -126,7 +126,7 @@ void LocalGroup::unlink_all() {
 uint32_t LocalGroup::owner(uint64_t tensor, uint32_t part) const {
   // Consecutive parts of a tensor go to consecutive local workers; the tensor
   // id picks where the walk starts, so single-part tensors spread too.
-  uint64_t start = (tensor ^ (tensor >> 29)) % size();
+  uint64_t start = ((tensor * 0x9E3779B97F4A7C15ull) >> 33) % size();
   return opts_.local_ranks[(start + part) % size()];
 }
 

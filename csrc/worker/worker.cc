@@ -309,7 +309,9 @@ void Worker::send_part(PartTask t) {
     hdr.shm_segment = t.stage.segment;
     hdr.shm_offset = t.stage.offset;
     ok = conn->send(hdr, nullptr, 0, release);
+    stats_.pushed_shm++;
   } else {
+    stats_.pushed_socket++;
     const char* src = t.stage.empty() ? h.in + t.span.offset : t.stage.data;
     ok = conn->send(hdr, src, len, release);
   }
@@ -491,7 +493,9 @@ void Worker::contribute(const PartTask& task) {
     hdr.shm_segment = t.mine.segment;
     hdr.shm_offset = t.mine.offset;
     ok = local_->peer(owner)->send(hdr, nullptr, 0);
+    stats_.contributed_shm++;
   } else {
+    stats_.contributed_socket++;
     auto heap = t.mine.heap;  // no slot free: the bytes go over the local socket
     ok = local_->peer(owner)->send(hdr, t.mine.data, len, [heap] {});
   }
@@ -565,6 +569,7 @@ void Worker::reduce_owned(OwnerState st) {
     if (i != home && count) sum_into(acc.data, st.got[i].data.data, count, h.dtype);
   t.stage = acc;
   set_stage(part_key(h.tensor->id, t.span.index), acc, false);
+  stats_.reduced_locally++;
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     t.seq = seq_++;
@@ -681,11 +686,29 @@ void Worker::on_close(Connection* c, bool clean, const std::string& reason) {
     std::lock_guard<std::mutex> lock(err_mu_);
     if (shutting_down_) return;
   }
-  if (local_reduce_ && local_->is_peer(c))
-    abort("lost connection to local worker " + std::to_string(c->peer().rank) +
-          " (same host; it exited or was killed): " + reason);
-  else
-    abort("lost connection to " + c->desc() + ": " + reason);
+  if (local_reduce_ && local_->is_peer(c)) {
+    uint32_t peer = c->peer().rank;
+    if (clean && !waits_on_peer(peer)) return;  // it finished its work and left
+    abort("lost connection to local worker " + std::to_string(peer) +
+          (clean ? " (same host; it shut down while parts still needed it)"
+                 : " (same host; it exited or was killed)") +
+          ": " + reason);
+    return;
+  }
+  abort("lost connection to " + c->desc() + ": " + reason);
+}
+
+bool Worker::waits_on_peer(uint32_t peer) {
+  {
+    std::lock_guard<std::mutex> lock(own_mu_);
+    if (!owned_.empty()) return true;  // a contribution is still missing
+  }
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  for (auto& kv : pending_)
+    if (!kv.second.owned &&
+        local_->owner(kv.second.handle->tensor->id, kv.second.span.index) == peer)
+      return true;
+  return false;
 }
 
 void Worker::abort(const std::string& reason) {

@@ -3,6 +3,7 @@
 // the transport within each server's credit window. Each server answers a
 // push with the summed part, received straight into the output memory.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
@@ -64,6 +65,16 @@ class Worker : public FrameHandler {
   void abort(const std::string& reason);
   std::string error() const;
   void shutdown();
+  // How parts moved so far: tests check that the shared-memory paths are taken.
+  struct Stats {
+    std::atomic<uint64_t> pushed_shm{0};         // pushes whose bytes stayed in shared memory
+    std::atomic<uint64_t> pushed_socket{0};      // pushes whose bytes went over TCP
+    std::atomic<uint64_t> reduced_locally{0};    // parts this worker summed as local owner
+    std::atomic<uint64_t> contributed_shm{0};    // parts handed to a local owner in shm
+    std::atomic<uint64_t> contributed_socket{0}; // ... over the local socket (no slot free)
+  };
+  const Stats& stats() const { return stats_; }
+  bool local_reduce() const { return local_reduce_; }
   // The parts a tensor of this name and size is cut into: (offset, len, server) each.
   std::vector<std::tuple<size_t, size_t, uint32_t>> part_layout(const std::string& name,
                                                                  size_t nbytes,
@@ -125,6 +136,7 @@ class Worker : public FrameHandler {
   void fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers);
   void on_local_frame(Connection* c, const FrameHeader& h, void* payload);
   void set_stage(uint64_t key, const Staging& s, bool mine);
+  bool waits_on_peer(uint32_t peer);
   void part_done(const std::shared_ptr<Handle>& h);
   void fail_handle(const std::shared_ptr<Handle>& h, const std::string& msg);
   std::shared_ptr<Handle> get(int64_t id) const;
@@ -136,6 +148,7 @@ class Worker : public FrameHandler {
   bool local_reduce_ = false;          // several workers here: parts reduced locally first
   uint32_t pushers_ = 0;               // pushes per part each server waits for
   std::vector<bool> server_shm_;       // server s mapped this host's segments
+  Stats stats_;
 
   std::mutex attach_mu_;
   std::condition_variable attach_cv_;
