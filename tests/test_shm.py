@@ -10,7 +10,6 @@ import re
 import time
 
 import pytest
-from fastps.placement import ServerSpot
 from jobs import WORKERS, Job
 
 SHM_WORKER = os.path.join(WORKERS, "shm_worker.py")
@@ -85,6 +84,3 @@ def test_launcher_leaves_no_segments(tmp_path) -> None:  # type: ignore[no-untyp
     assert p.stdout.count("SHM-OK") == 2
     assert glob.glob(f"/dev/shm/fastps-{job_id}-*") == []
 
-
-def test_server_spot_is_hashable() -> None:  # placement input used by the shm locality
-    assert ServerSpot(0, "a") == ServerSpot(0, "a")

@@ -15,9 +15,8 @@ import signal
 import sys
 import time
 
-import numpy as np
-
 import fastps
+import numpy as np
 from fastps import api
 
 
