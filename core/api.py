@@ -75,6 +75,9 @@ def init(config: Optional[Config] = None) -> None:
         membership: Optional[Membership] = None
         servers: List[str] = []
         weights: List[float] = []
+        local_ranks: List[int] = []
+        local_servers: List[bool] = []
+        num_hosts = 0
         if cfg.scheduler_addr is None:
             if cfg.num_workers != 1:
                 cfg.require_scheduler_addr()
@@ -101,6 +104,7 @@ def init(config: Optional[Config] = None) -> None:
                 [placement.ServerSpot(s.id, s.hostname) for s in membership.servers],
                 placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
             )
+            local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
         worker = core.Worker(
             rank=cfg.rank,
             num_workers=cfg.num_workers,
@@ -112,6 +116,11 @@ def init(config: Optional[Config] = None) -> None:
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
             server_weights=weights,
+            local_ranks=local_ranks,
+            local_servers=local_servers,
+            num_hosts=num_hosts,
+            shm=cfg.shm,
+            shm_bytes=cfg.shm_bytes,
         )
         try:
             worker.start()
@@ -125,6 +134,16 @@ def init(config: Optional[Config] = None) -> None:
         _state = _State(cfg, client, membership, worker)
         atexit.register(shutdown)
         _install_excepthook()
+
+
+def _locality(membership: Membership, rank: int) -> Tuple[List[int], List[bool], int]:
+    """(ranks of the workers on this host, whether each server is on this host, number of
+    hosts with workers). Hosts are told apart by FASTPS_HOSTNAME, so tests can emulate them."""
+    me = membership.worker(rank).hostname
+    local_ranks = sorted(w.rank for w in membership.workers if w.hostname == me)
+    local_servers = [s.hostname == me for s in membership.servers if s.addr]
+    num_hosts = len({w.hostname for w in membership.workers})
+    return local_ranks, local_servers, num_hosts
 
 
 def _install_excepthook() -> None:
@@ -216,6 +235,21 @@ def server_weights() -> List[float]:
         [placement.ServerSpot(s.id, s.hostname) for s in st.membership.servers],
         placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
     )
+
+
+def local_plan() -> Optional[str]:
+    """The topology-aware local aggregation plan for this host (BytePS §4.2.3), from
+    FASTPS_TOPOLOGY or ``nvidia-smi topo -m``; None on a host without GPUs."""
+    from . import topology
+
+    plan = topology.host_plan(os.environ.get("FASTPS_TOPOLOGY"))
+    return plan.describe() if plan else None
+
+
+def data_path_stats() -> Dict[str, Any]:
+    """How this worker's parts travelled so far: pushes through shared memory or TCP, parts
+    it summed as its host's local owner, contributions handed to local owners."""
+    return dict(_st().worker.stats())
 
 
 def num_servers() -> int:

@@ -41,6 +41,7 @@ GiB = 1024 * MiB
 
 DEFAULT_PARTITION_BYTES = 4 * MiB
 DEFAULT_CREDIT_BYTES = 16 * MiB
+DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 DEFAULT_CONNS_PER_SERVER = 2
 DEFAULT_ENGINE_THREADS = 2
 DEFAULT_TIMEOUT = 120.0
@@ -235,6 +236,8 @@ class Config:
     hostname: str = ""
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     credit_bytes: int = DEFAULT_CREDIT_BYTES
+    shm: bool = True
+    shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
     engine_threads: int = DEFAULT_ENGINE_THREADS
     timeout: float = DEFAULT_TIMEOUT
@@ -302,6 +305,11 @@ class Config:
                 f"FASTPS_HEARTBEAT_INTERVAL={heartbeat_interval:g}"
             )
 
+        shm_text = (e.raw("FASTPS_SHM") or "1").strip().lower()
+        if shm_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise _bad("FASTPS_SHM", shm_text, "expected 1/0 (true/false, yes/no, on/off)")
+        shm = shm_text in ("1", "true", "yes", "on")
+
         level = (e.raw("FASTPS_LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
         if level not in _LOG_LEVELS:
             raise _bad("FASTPS_LOG_LEVEL", e.raw("FASTPS_LOG_LEVEL") or "", f"one of {_LOG_LEVELS}")
@@ -320,6 +328,8 @@ class Config:
             hostname=hostname,
             partition_bytes=e.size("FASTPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES),
             credit_bytes=e.size("FASTPS_CREDIT_BYTES", DEFAULT_CREDIT_BYTES),
+            shm=shm,
+            shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,
             engine_threads=threads,
             timeout=e.seconds("FASTPS_TIMEOUT", DEFAULT_TIMEOUT),

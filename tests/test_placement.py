@@ -97,3 +97,15 @@ def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
         found = re.search(r"LOCAL (\d+) (\d+) (\d+) (\d+)", out)
         lr, ls, cr, cs = map(int, found.group(1, 2, 3, 4))
         assert (lr, ls, cr, cs) == (0, local, 0, n)
+        # Several workers per host reduce locally through shared memory first; a worker's
+        # colocated server (when it sums a share) is reached through shared memory.
+        w0 = server_weights(*layout(n, k))[0]
+        shm_pushes = {h: 0 for h in worker_hosts}
+        for wp in job.workers():
+            st = json.loads(re.search(r"STATS (.*)", wp.output).group(1))
+            assert st["local_reduce"] == (local > 1), st
+            if local > 1:
+                assert st["reduced_locally"] > 0 and st["contributed_socket"] == 0, st
+            shm_pushes[worker_hosts[wp.index]] += st["pushed_shm"]
+        if w0 > 0:
+            assert all(v > 0 for v in shm_pushes.values()), shm_pushes

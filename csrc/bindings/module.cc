@@ -72,7 +72,9 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](uint32_t rank, uint32_t num_workers, std::vector<std::string> servers,
                        const std::string& job_id, const std::string& token,
                        size_t partition_bytes, size_t credit_bytes, int conns_per_server,
-                       double connect_timeout_s, std::vector<double> server_weights) {
+                       double connect_timeout_s, std::vector<double> server_weights,
+                       std::vector<uint32_t> local_ranks, std::vector<bool> local_servers,
+                       uint32_t num_hosts, bool shm, size_t shm_bytes) {
              WorkerOptions o;
              o.rank = rank;
              o.num_workers = num_workers;
@@ -84,13 +86,21 @@ PYBIND11_MODULE(_core, m) {
              o.conns_per_server = conns_per_server;
              o.connect_timeout_s = connect_timeout_s;
              o.server_weights = std::move(server_weights);
+             o.local_ranks = std::move(local_ranks);
+             o.local_servers = std::move(local_servers);
+             o.num_hosts = num_hosts;
+             o.shm = shm;
+             o.shm_bytes = shm_bytes;
              return std::make_unique<Worker>(o);
            }),
            py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
            py::arg("token"), py::arg("partition_bytes") = 4u << 20,
            py::arg("credit_bytes") = 16u << 20, py::arg("conns_per_server") = 2,
            py::arg("connect_timeout_s") = 60.0,
-           py::arg("server_weights") = std::vector<double>{})
+           py::arg("server_weights") = std::vector<double>{},
+           py::arg("local_ranks") = std::vector<uint32_t>{},
+           py::arg("local_servers") = std::vector<bool>{}, py::arg("num_hosts") = 0,
+           py::arg("shm") = true, py::arg("shm_bytes") = size_t(256u << 20))
       .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
       .def(
           "push_pull",
@@ -110,5 +120,17 @@ PYBIND11_MODULE(_core, m) {
       .def("error", &Worker::error)
       .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
            py::arg("elem_size"))
+      .def("stats",
+           [](const Worker& w) {
+             const auto& s = w.stats();
+             py::dict d;
+             d["local_reduce"] = w.local_reduce();
+             d["pushed_shm"] = s.pushed_shm.load();
+             d["pushed_socket"] = s.pushed_socket.load();
+             d["reduced_locally"] = s.reduced_locally.load();
+             d["contributed_shm"] = s.contributed_shm.load();
+             d["contributed_socket"] = s.contributed_socket.load();
+             return d;
+           })
       .def("shutdown", &Worker::shutdown, py::call_guard<py::gil_scoped_release>());
 }

@@ -1,5 +1,6 @@
 #include "server/engine.h"
 
+#include <cstring>
 #include <sstream>
 
 #include "common/dtype.h"
@@ -58,6 +59,7 @@ void SumEngine::fail(KeyState& st, const FrameHeader& h, const std::string& msg)
   LOG_WARN("server " << server_id_ << ": " << msg);
   st.error = msg;
   st.acc.reset();
+  st.shm.clear();
   st.reply_to.clear();
   if (broadcast_error_) broadcast_error_(h, msg);
 }
@@ -71,12 +73,15 @@ void SumEngine::handle(PushWork& w) {
     FrameHeader e = h;
     e.type = static_cast<uint8_t>(MsgType::kError);
     e.sender = server_id_;
+    e.flags = 0;
     e.len = st.error.size();
     auto msg = std::make_shared<std::string>(st.error);
     w.conn->send(e, msg->data(), msg->size(), [msg] {});
     return;
   }
+  uint32_t expected = h.pushers ? h.pushers : num_workers_;
   if (st.count == 0) {
+    st.expected = expected;
     st.dtype = h.dtype;
     st.len = h.len;
     st.tensor_bytes = h.tensor_bytes;
@@ -91,12 +96,14 @@ void SumEngine::handle(PushWork& w) {
       return;
     }
   } else if (h.dtype != st.dtype || h.len != st.len || h.tensor_bytes != st.tensor_bytes ||
-             h.round != st.round) {
+             h.round != st.round || expected != st.expected) {
     std::ostringstream os;
     os << "mismatch in part " << h.part << " of tensor id " << h.tensor << ": worker "
        << st.first_rank << " pushed " << describe(st.dtype, st.len, st.tensor_bytes)
        << ", worker " << h.sender << " pushed " << describe(h.dtype, h.len, h.tensor_bytes);
     if (h.round != st.round) os << " (rounds " << st.round << " vs " << h.round << ")";
+    if (expected != st.expected)
+      os << " (they count " << st.expected << " vs " << expected << " pushing hosts)";
     fail(st, h, os.str());
     return;
   }
@@ -108,23 +115,73 @@ void SumEngine::handle(PushWork& w) {
     return;
   }
   st.reply_to[h.sender] = w.conn;
-  if (st.count == 0) {
-    st.acc = std::move(w.data);  // the first push becomes the sum: no copy
+  size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
+  if (w.shm) {
+    st.shm.push_back(ShmPart{std::move(w.shm), h.shm_offset, h.shm_segment, h.sender});
+  } else if (!st.acc) {
+    st.acc = std::move(w.data);  // the first socket push becomes the sum: no copy
   } else {
-    size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
     sum_into(st.acc->data(), w.data->data(), count, static_cast<DType>(h.dtype));
     w.data.reset();
   }
-  if (++st.count < num_workers_) return;
+  if (++st.count < st.expected) return;
+  complete(st, h);
+}
 
+namespace {
+// Keeps a shared-memory slot from being reused while replies still read it.
+struct SlotHold {
+  std::shared_ptr<ShmSegment> seg;
+  uint64_t off;
+  SlotHold(std::shared_ptr<ShmSegment> s, uint64_t o) : seg(std::move(s)), off(o) {
+    seg->ref(off, 1);
+  }
+  ~SlotHold() { seg->unref(off); }
+};
+}  // namespace
+
+void SumEngine::complete(KeyState& st, const FrameHeader& h) {
   FrameHeader r = h;
   r.type = static_cast<uint8_t>(MsgType::kResult);
   r.sender = server_id_;
+  r.flags = 0;
+  r.pushers = 0;
+  auto dt = static_cast<DType>(h.dtype);
+  size_t count = h.len / dtype_size(dt);
   std::shared_ptr<Buffer> acc = std::move(st.acc);
-  for (uint32_t i = 0; i < num_workers_; ++i) {
-    // The buffer lives until the last reply is written.
-    st.reply_to[i]->send(r, acc->data(), r.len, [acc] {});
+  std::shared_ptr<void> keep;  // whatever the socket replies read from
+  const char* result = acc ? static_cast<const char*>(acc->data()) : nullptr;
+  if (!st.shm.empty()) {
+    // The sum is finished in the last shared-memory part, so the pusher that
+    // owns it reads the result where it wrote its input (no copy back).
+    ShmPart& home = st.shm.back();
+    char* dst = home.seg->at(home.off);
+    if (acc) sum_into(dst, acc->data(), count, dt);
+    for (size_t i = 0; i + 1 < st.shm.size(); ++i)
+      sum_into(dst, st.shm[i].seg->at(st.shm[i].off), count, dt);
+    for (size_t i = 0; i + 1 < st.shm.size(); ++i)
+      std::memcpy(st.shm[i].seg->at(st.shm[i].off), dst, h.len);
+    acc.reset();
+    result = dst;
+    keep = std::make_shared<SlotHold>(home.seg, home.off);
+  } else {
+    keep = acc;
   }
+  std::vector<bool> via_shm(num_workers_, false);
+  for (auto& p : st.shm) {
+    via_shm[p.sender] = true;
+    FrameHeader s = r;
+    s.flags = kFlagShm;
+    s.shm_segment = p.segment;
+    s.shm_offset = p.off;
+    st.reply_to[p.sender]->send(s, nullptr, 0);
+  }
+  for (uint32_t i = 0; i < num_workers_; ++i) {
+    if (!st.reply_to[i] || via_shm[i]) continue;
+    // The result stays valid until the last reply is written.
+    st.reply_to[i]->send(r, result, r.len, [keep] {});
+  }
+  st.shm.clear();
   st.count = 0;
   st.round++;
   std::fill(st.reply_to.begin(), st.reply_to.end(), nullptr);

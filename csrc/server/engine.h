@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 
 namespace fastps {
@@ -21,7 +22,8 @@ namespace fastps {
 struct PushWork {
   std::shared_ptr<Connection> conn;
   FrameHeader hdr;
-  std::shared_ptr<Buffer> data;
+  std::shared_ptr<Buffer> data;       // payload received over the socket, or
+  std::shared_ptr<ShmSegment> shm;    // the pusher's segment holding the part (kFlagShm)
 };
 
 class SumEngine {
@@ -37,9 +39,18 @@ class SumEngine {
   uint64_t parts_summed() const { return parts_summed_; }
 
  private:
+  // A part pushed through shared memory: summed in place, answered in place.
+  struct ShmPart {
+    std::shared_ptr<ShmSegment> seg;
+    uint64_t off;
+    uint32_t segment;  // rank of the worker whose segment it is
+    uint32_t sender;
+  };
   struct KeyState {
-    std::shared_ptr<Buffer> acc;
+    std::shared_ptr<Buffer> acc;  // sum of the parts that came over sockets
+    std::vector<ShmPart> shm;     // parts in shared memory, summed when all are in
     uint32_t count = 0;
+    uint32_t expected = 0;
     uint8_t dtype = 0;
     uint64_t len = 0;
     uint64_t tensor_bytes = 0;
@@ -51,6 +62,7 @@ class SumEngine {
   void run();
   void handle(PushWork& w);
   void fail(KeyState& st, const FrameHeader& h, const std::string& msg);
+  void complete(KeyState& st, const FrameHeader& h);
 
   int index_;
   uint32_t num_workers_;

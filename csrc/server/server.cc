@@ -49,6 +49,10 @@ void Server::stop() {
   for (auto& e : engines_) e->stop();
   std::lock_guard<std::mutex> lock(mu_);
   conns_.clear();
+  // Normally the workers unlinked their segments long ago; after a crash this is
+  // the survivors' clean-up (unlinking a missing name is harmless).
+  for (auto& kv : shm_) ShmSegment::unlink(kv.second->name());
+  shm_.clear();
 }
 
 std::string Server::error() const {
@@ -101,6 +105,8 @@ std::shared_ptr<Connection> Server::find(Connection* c) {
 }
 
 void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
+  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach) && payload_bytes(h) == 0)
+    return nullptr;
   if (h.type != static_cast<uint8_t>(MsgType::kPush)) {
     *why = "unexpected frame type " + std::to_string(h.type);
     return nullptr;
@@ -110,19 +116,64 @@ void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
     *why = "malformed push header";
     return nullptr;
   }
+  if (h.flags & kFlagShm) return nullptr;  // the part is in shared memory
   auto buf = pool_->get(h.len);
   void* dst = buf->data();
   c->rx_hold = std::move(buf);
   return dst;
 }
 
+void Server::attach_shm(Connection* c, const FrameHeader& h) {
+  auto conn = find(c);
+  if (!conn) return;
+  FrameHeader r{};
+  r.magic = kFrameMagic;
+  r.type = static_cast<uint8_t>(MsgType::kShmAttached);
+  r.sender = opts_.server_id;
+  // The name is derived from the job and the authenticated rank, never taken
+  // from the frame, so a worker can only hand over its own segment.
+  std::string name = shm_segment_name(opts_.job_id, c->peer().rank);
+  try {
+    auto seg = ShmSegment::open(name);
+    std::lock_guard<std::mutex> lock(mu_);
+    shm_[c->peer().rank] = std::move(seg);
+  } catch (const std::exception& e) {
+    auto text = std::make_shared<std::string>(e.what());
+    r.len = text->size();
+    conn->send(r, text->data(), text->size(), [text] {});
+    return;
+  }
+  conn->send(r, nullptr, 0);
+}
+
 void Server::on_frame(Connection* c, const FrameHeader& h, void* payload) {
+  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach)) {
+    attach_shm(c, h);
+    return;
+  }
   PushWork w;
   w.conn = find(c);
   w.hdr = h;
-  w.data = std::static_pointer_cast<Buffer>(std::move(c->rx_hold));
   if (!w.conn) return;
-  if (!w.data) w.data = pool_->get(0);
+  if (h.flags & kFlagShm) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Any colocated worker's segment: a local reduce leaves a part's sum in
+      // the segment of one of the host's workers, not always the pusher's.
+      auto it = shm_.find(h.shm_segment);
+      if (it != shm_.end() && it->second->contains(h.shm_offset, h.len))
+        w.shm = it->second;
+    }
+    if (!w.shm) {
+      LOG_WARN("server " << opts_.server_id << ": " << c->desc()
+                         << " pushed a shared-memory part outside its segment; closing");
+      loops_.front()->close(c);
+      return;
+    }
+  } else {
+    w.data = std::static_pointer_cast<Buffer>(std::move(c->rx_hold));
+    if (!w.data) w.data = pool_->get(0);
+  }
   uint64_t key = part_key(h.tensor, h.part);
   engines_[(key >> 7) % engines_.size()]->post(std::move(w));
 }
@@ -141,6 +192,7 @@ void Server::broadcast(MsgType type, const FrameHeader& about, const std::string
   auto text = std::make_shared<std::string>(msg);
   FrameHeader h = about;
   h.magic = kFrameMagic;
+  h.flags = 0;
   h.type = static_cast<uint8_t>(type);
   h.sender = opts_.server_id;
   h.len = text->size();

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/buffer_pool.h"
@@ -45,6 +46,7 @@ class Server : public FrameHandler {
 
  private:
   void accept_loop();
+  void attach_shm(Connection* c, const FrameHeader& h);
   void broadcast(MsgType type, const FrameHeader& about, const std::string& msg);
   std::shared_ptr<Connection> find(Connection* c);
 
@@ -58,6 +60,8 @@ class Server : public FrameHandler {
   std::vector<std::unique_ptr<SumEngine>> engines_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Connection>> conns_;
+  // Segments of colocated workers that asked for the shared-memory path, by rank.
+  std::unordered_map<uint32_t, std::shared_ptr<ShmSegment>> shm_;
   std::string error_;
   int next_loop_ = 0;
 };

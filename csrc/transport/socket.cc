@@ -8,9 +8,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -130,6 +132,49 @@ int tcp_listen(const std::string& host, int port, int* bound_port) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   *bound_port = ntohs(sa.sin_port);
   return fd;
+}
+
+static socklen_t abstract_addr(const std::string& name, sockaddr_un* sa) {
+  if (name.size() + 1 > sizeof(sa->sun_path))
+    throw std::invalid_argument("local socket name '" + name + "' is too long");
+  *sa = sockaddr_un{};
+  sa->sun_family = AF_UNIX;
+  std::memcpy(sa->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+int unix_listen(const std::string& name) {
+  sockaddr_un sa;
+  socklen_t len = abstract_addr(name, &sa);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket(AF_UNIX): ") + strerror(errno));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, 64) != 0) {
+    std::string err = strerror(errno);
+    ::close(fd);
+    throw std::runtime_error("cannot listen on local socket @" + name + ": " + err);
+  }
+  return fd;
+}
+
+int unix_connect(const std::string& name, double timeout_s) {
+  sockaddr_un sa;
+  socklen_t len = abstract_addr(name, &sa);
+  double deadline = now_s() + timeout_s;
+  std::string last_err = "timed out";
+  while (now_s() < deadline) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket(AF_UNIX): ") + strerror(errno));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
+      int buf = 1 << 20;
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+      return fd;
+    }
+    last_err = strerror(errno);
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw std::runtime_error("cannot connect to local socket @" + name + " within " +
+                           std::to_string(timeout_s) + " s: " + last_err);
 }
 
 bool read_full(int fd, void* buf, size_t len, double timeout_s) {

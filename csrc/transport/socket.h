@@ -10,6 +10,11 @@ namespace fastps {
 int tcp_connect(const std::string& addr, double timeout_s);
 // Listening socket on host:port (port 0 picks one); returns fd, sets *bound_port.
 int tcp_listen(const std::string& host, int port, int* bound_port);
+// Local stream sockets in Linux's abstract namespace ("@name"): no file to
+// clean up, and the name vanishes with the listening process.
+int unix_listen(const std::string& name);
+// Retries until the peer listens or timeout_s passes; throws std::runtime_error.
+int unix_connect(const std::string& name, double timeout_s);
 void set_nonblocking(int fd, bool on);
 void tune_socket(int fd);
 // Reads/writes exactly len bytes on a blocking or non-blocking fd, waiting at

@@ -125,16 +125,17 @@ bool Connection::on_readable(std::string* why, bool* clean) {
         saw_bye_ = true;
         continue;
       }
+      rx_len_ = payload_bytes(rx_hdr_);
       rx_dst_ = static_cast<char*>(handler_->on_header(this, rx_hdr_, why));
-      if (!rx_dst_ && rx_hdr_.len > 0) return false;
+      if (!rx_dst_ && rx_len_ > 0) return false;
       rx_got_ = 0;
-      if (rx_hdr_.len == 0) {
+      if (rx_len_ == 0) {
         handler_->on_frame(this, rx_hdr_, rx_dst_);
         continue;
       }
       rx_in_payload_ = true;
     }
-    ssize_t n = ::recv(fd_, rx_dst_ + rx_got_, rx_hdr_.len - rx_got_, 0);
+    ssize_t n = ::recv(fd_, rx_dst_ + rx_got_, rx_len_ - rx_got_, 0);
     if (n == 0) {
       *why = "connection closed by peer in the middle of a frame";
       return false;
@@ -145,7 +146,7 @@ bool Connection::on_readable(std::string* why, bool* clean) {
       return false;
     }
     rx_got_ += static_cast<size_t>(n);
-    if (rx_got_ == rx_hdr_.len) {
+    if (rx_got_ == rx_len_) {
       rx_in_payload_ = false;
       handler_->on_frame(this, rx_hdr_, rx_dst_);
     }

@@ -87,6 +87,7 @@ class Connection {
   size_t rx_hdr_got_ = 0;
   char* rx_dst_ = nullptr;
   size_t rx_got_ = 0;
+  size_t rx_len_ = 0;  // payload bytes of the frame being received
   bool rx_in_payload_ = false;
 };
 

@@ -19,7 +19,15 @@ enum class MsgType : uint8_t {
   kError = 3,   // server -> worker: this part cannot be summed (payload: text)
   kFatal = 4,   // server -> worker: the job cannot go on (payload: text)
   kBye = 5,     // either side: clean close follows
+  kShmAttach = 6,    // worker -> colocated server: map my segment (shm_segment = my rank)
+  kShmAttached = 7,  // server -> worker: mapped (len 0) or not (payload: why)
+  kLocalPush = 8,    // worker -> local owner of a part: my contribution to it
+  kLocalResult = 9,  // local owner -> worker: the part's global sum
+  kLocalError = 10,  // local owner -> worker: this tensor failed (payload: text)
 };
+
+// FrameHeader.flags bits.
+constexpr uint16_t kFlagShm = 1;  // the part lies in shared memory; no payload follows
 
 // Naturally aligned (every field at a multiple of its size), so no packing is needed and
 // the header can live inside other structs without misaligned loads.
@@ -34,6 +42,9 @@ struct FrameHeader {
   uint64_t len;            // payload bytes following the header
   uint64_t tensor_bytes;   // whole tensor's bytes, to catch mismatched workers
   uint64_t round;          // how many times this part was pushed before
+  uint64_t shm_offset;     // kFlagShm: byte offset of the part in the segment
+  uint32_t shm_segment;    // kFlagShm: rank of the worker whose segment holds it
+  uint32_t pushers;        // kPush: pushes per part the server waits for (0: every worker)
 };
 
 #pragma pack(push, 1)
@@ -51,8 +62,12 @@ struct Hello {
 };
 #pragma pack(pop)
 
-static_assert(sizeof(FrameHeader) == 48, "wire header layout");
-static_assert(offsetof(FrameHeader, tensor) == 16 && offsetof(FrameHeader, round) == 40,
+static_assert(sizeof(FrameHeader) == 64, "wire header layout");
+static_assert(offsetof(FrameHeader, tensor) == 16 && offsetof(FrameHeader, shm_offset) == 48 &&
+                  offsetof(FrameHeader, pushers) == 60,
               "wire header layout");
+
+// Bytes that follow a header on the socket: none for parts that lie in shared memory.
+inline uint64_t payload_bytes(const FrameHeader& h) { return (h.flags & kFlagShm) ? 0 : h.len; }
 
 }  // namespace fastps

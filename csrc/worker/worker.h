@@ -3,7 +3,9 @@
 // the transport within each server's credit window. Each server answers a
 // push with the summed part, received straight into the output memory.
 #pragma once
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -14,9 +16,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/buffer_pool.h"
 #include "common/dtype.h"
 #include "transport/tcp.h"
 #include "worker/handle.h"
+#include "worker/local_reduce.h"
 #include "worker/partitioner.h"
 #include "worker/registry.h"
 
@@ -33,6 +37,15 @@ struct WorkerOptions {
   size_t credit_bytes = 16u << 20;
   int conns_per_server = 2;
   double connect_timeout_s = 60.0;
+  // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
+  // host (this one included; empty: only this one), which servers share this
+  // host, and how many hosts have workers (the pushes a server waits for per
+  // part once each host pushes its local sum). shm = false: plain TCP only.
+  std::vector<uint32_t> local_ranks;
+  std::vector<bool> local_servers;
+  uint32_t num_hosts = 0;
+  bool shm = true;
+  size_t shm_bytes = 256u << 20;
 };
 
 class Worker : public FrameHandler {
@@ -52,6 +65,16 @@ class Worker : public FrameHandler {
   void abort(const std::string& reason);
   std::string error() const;
   void shutdown();
+  // How parts moved so far: tests check that the shared-memory paths are taken.
+  struct Stats {
+    std::atomic<uint64_t> pushed_shm{0};         // pushes whose bytes stayed in shared memory
+    std::atomic<uint64_t> pushed_socket{0};      // pushes whose bytes went over TCP
+    std::atomic<uint64_t> reduced_locally{0};    // parts this worker summed as local owner
+    std::atomic<uint64_t> contributed_shm{0};    // parts handed to a local owner in shm
+    std::atomic<uint64_t> contributed_socket{0}; // ... over the local socket (no slot free)
+  };
+  const Stats& stats() const { return stats_; }
+  bool local_reduce() const { return local_reduce_; }
   // The parts a tensor of this name and size is cut into: (offset, len, server) each.
   std::vector<std::tuple<size_t, size_t, uint32_t>> part_layout(const std::string& name,
                                                                  size_t nbytes,
@@ -66,6 +89,30 @@ class Worker : public FrameHandler {
     std::shared_ptr<Handle> handle;
     PartSpan span;
     uint64_t seq;
+    bool owned = true;  // false: a local peer reduces and pushes this part
+    Staging stage;      // bytes pushed and where the sum lands; empty: the user's memory
+    Staging mine;       // not owned: this worker's contribution, held until the sum is back
+  };
+  // A local peer's contribution to a part this worker owns.
+  struct Contribution {
+    FrameHeader hdr;
+    Staging data;
+  };
+  struct OwnerState {
+    bool have_task = false;
+    PartTask task;
+    std::vector<Contribution> got;
+  };
+  struct LocalJob {
+    int priority;
+    uint64_t seq;
+    std::function<void()> fn;
+  };
+  struct LocalJobOrder {
+    bool operator()(const LocalJob& a, const LocalJob& b) const {
+      if (a.priority != b.priority) return a.priority < b.priority;
+      return a.seq > b.seq;
+    }
   };
   struct TaskOrder {
     bool operator()(const PartTask& a, const PartTask& b) const {
@@ -74,13 +121,48 @@ class Worker : public FrameHandler {
     }
   };
   void push_loop();
-  void send_part(const PartTask& t);
+  void send_part(PartTask t);
+  void attach_local_servers();
+  FrameHeader header_for(MsgType type, const PartTask& t) const;
+  // Local stage (one thread): copies into and out of shared memory and sums.
+  void local_loop();
+  void post_local(int priority, std::function<void()> fn);
+  void contribute(const PartTask& t);
+  void offer(Contribution c);
+  std::string check_contribution(const PartTask& t, const FrameHeader& h) const;
+  void reduce_owned(OwnerState st);
+  void broadcast_result(const PartTask& t);
+  void finish_from(const PartTask& t, const char* src);
+  void fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers);
+  void on_local_frame(Connection* c, const FrameHeader& h, void* payload);
+  void set_stage(uint64_t key, const Staging& s, bool mine);
+  bool waits_on_peer(uint32_t peer);
   void part_done(const std::shared_ptr<Handle>& h);
   void fail_handle(const std::shared_ptr<Handle>& h, const std::string& msg);
   std::shared_ptr<Handle> get(int64_t id) const;
 
   WorkerOptions opts_;
   Partitioner partitioner_;
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<LocalGroup> local_;  // null: no shared memory in use
+  bool local_reduce_ = false;          // several workers here: parts reduced locally first
+  uint32_t pushers_ = 0;               // pushes per part each server waits for
+  std::vector<bool> server_shm_;       // server s mapped this host's segments
+  Stats stats_;
+
+  std::mutex attach_mu_;
+  std::condition_variable attach_cv_;
+  size_t attach_replies_ = 0;
+
+  std::mutex own_mu_;
+  std::unordered_map<uint64_t, OwnerState> owned_;
+
+  std::mutex lq_mu_;
+  std::condition_variable lq_cv_;
+  std::priority_queue<LocalJob, std::vector<LocalJob>, LocalJobOrder> local_jobs_;
+  uint64_t local_seq_ = 0;
+  bool local_stop_ = false;
+  std::thread local_thread_;
   TensorRegistry registry_;
   std::unique_ptr<EventLoop> loop_;
   std::vector<std::vector<std::shared_ptr<Connection>>> conns_;  // [server][k]

@@ -25,6 +25,7 @@ def main() -> None:
             want = np.arange(n, dtype=np.float32) * (size * (size + 1) / 2) + it * size
             got = h.synchronize()
             assert np.allclose(got, want, rtol=1e-5), (n, got[:3], want[:3])
+    print("STATS " + json.dumps(api.data_path_stats()), flush=True)
     print("PLACEMENT-OK", flush=True)
     fastps.shutdown()
 
