@@ -1,1 +1,176 @@
-"""fastps plugin (being built)."""
+"""fastps for PyTorch, with Horovod's API: ``import fastps.torch as hvd``.
+
+::
+
+    import fastps.torch as hvd
+    hvd.init()
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for data, target in loader:  # this rank's shard
+        optimizer.zero_grad()
+        loss_fn(model(data), target).backward()  # gradients travel while backward runs
+        optimizer.step()                          # waits for the averaged gradients
+
+Launch with ``fastpsrun -np N python train.py``. Nothing here is compiled against torch:
+tensors reach the C++ core as raw host addresses (CPU tensors without a copy; CUDA tensors
+through pinned buffers on a side stream), so any torch version >= 2.1 works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fastps
+from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
+
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from .ops import (
+    SUPPORTED_DTYPES,
+    Adasum,
+    Average,
+    Handle,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    global_process_set,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    join,
+    poll,
+    push_pull,
+    push_pull_,
+    push_pull_async,
+    push_pull_async_,
+    synchronize,
+)
+from .optimizer import DistributedOptimizer
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "num_servers",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "poll", "synchronize", "join", "barrier",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+    "allgather_object", "DistributedOptimizer",
+    "Compression", "Compressor", "NoneCompressor", "FP16Compressor",
+    "ReduceOp", "global_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
+    "SUPPORTED_DTYPES", "FastPSError", "FastPSAbort", "FastPSTimeoutError",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+]
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Joins the job started by ``fastpsrun`` (or runs alone without one)."""
+    if comm is not None:
+        raise FastPSError("fastps does not use MPI communicators; launch with fastpsrun")
+    if process_sets not in (None, [], ()):
+        raise FastPSError("fastps supports only the global process set (all ranks)")
+    fastps.init()
+
+
+def shutdown() -> None:
+    fastps.shutdown()
+
+
+def is_initialized() -> bool:
+    return bool(fastps.is_initialized())
+
+
+def rank() -> int:
+    return int(fastps.rank())
+
+
+def size() -> int:
+    return int(fastps.size())
+
+
+def local_rank() -> int:
+    return int(fastps.local_rank())
+
+
+def local_size() -> int:
+    return int(fastps.local_size())
+
+
+def cross_rank() -> int:
+    return int(fastps.cross_rank())
+
+
+def cross_size() -> int:
+    return int(fastps.cross_size())
+
+
+def num_servers() -> int:
+    return int(fastps.num_servers())
+
+
+# Build/feature queries some Horovod scripts make. fastps uses none of these libraries.
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """True: CUDA tensors are supported (staged through host memory) wherever torch has
+    CUDA; nothing in fastps is compiled against CUDA."""
+    return True
+
+
+def rocm_built() -> bool:
+    return False

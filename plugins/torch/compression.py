@@ -1,0 +1,73 @@
+"""Gradient compression applied around a push_pull.
+
+A compressor turns a tensor into the tensor that travels (``compress``) and back
+(``decompress``). ``compress`` returns the travelling tensor and a context object that
+``decompress`` receives; the context is whatever the compressor needs to undo its work.
+User-defined compressors with the same two static methods work everywhere a built-in one
+does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+
+
+class Compressor:
+    """Interface: subclasses override both static methods."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+# Only wide floating types gain from travelling as float16; bfloat16 is already 16 bits
+# and converting it to float16 could overflow.
+_SHRINKABLE = (torch.float32, torch.float64)
+
+
+class FP16Compressor(Compressor):
+    """Sends float32/float64 tensors as float16 (half the bytes) and casts the sum back.
+
+    Other dtypes travel unchanged. The sum is computed in float16, so values whose sum
+    exceeds 65504 overflow: use ``prescale_factor`` (or ``gradient_predivide_factor``) to
+    keep large gradients in range.
+    """
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        if tensor.dtype in _SHRINKABLE:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        if ctx is None:
+            return tensor
+        return tensor.to(ctx)
+
+
+class Compression:
+    """The built-in compressors, by the names Horovod scripts use."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

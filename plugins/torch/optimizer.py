@@ -1,0 +1,385 @@
+"""``DistributedOptimizer``: averages gradients over all ranks while backward still runs.
+
+Overlap (Poseidon's wait-free backpropagation, ATC'17 §3.1): each parameter gets a
+``register_post_accumulate_grad_hook``; the moment autograd has accumulated a parameter's
+gradient, its push_pull starts (in place on ``param.grad``) while autograd goes on with
+the layers below. ``step()`` only waits for what is still in flight, then runs the wrapped
+optimizer's own step. With ``backward_passes_per_step=k`` the hook counts backward passes
+per parameter and communicates on every k-th one; the passes in between accumulate into
+``param.grad`` locally, as plain PyTorch does.
+
+Priorities (P3, SysML'19 §3): the gradient of the parameter that the next forward pass uses
+first is sent first. The forward order is learned during the first iteration (see
+``priority.py``), so models whose registration order differs from their execution order
+still get the right priorities. The core cuts large gradients into parts and always sends
+the highest-priority part that is ready.
+
+The wrapper: ``DistributedOptimizer(opt)`` returns an object of a subclass of
+``type(opt)`` (``isinstance`` checks, LR schedulers, ``state_dict`` keep working) that
+*adopts* ``opt``'s state instead of re-running its constructor: both objects share the
+same ``param_groups``, ``state`` and ``defaults``, so state loaded into ``opt`` before
+wrapping is kept, and the wrapped optimizer's code runs unchanged in ``step()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Type
+
+import fastps
+import torch
+from fastps.errors import FastPSError
+
+from .compression import Compression
+from .functions import check_same_tensors
+from .ops import Average, Handle, ReduceOp, Sum, _allreduce_start, _resolve_op
+from .priority import ForwardOrder
+
+__all__ = ["DistributedOptimizer"]
+
+GRAD_PREFIX = "grad."
+
+# Parameter id -> the sync whose hook sends its gradient. When a parameter is wrapped by a
+# second DistributedOptimizer (the optimizer re-created), the newest one takes over the
+# overlap; an older one still pushes the gradient in its own synchronize().
+_hook_owner: weakref.WeakValueDictionary[int, _GradientSync] = weakref.WeakValueDictionary()
+
+
+class _Entry:
+    """One parameter the optimizer updates."""
+
+    __slots__ = ("name", "param", "index", "passes", "handle", "hook")
+
+    def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
+        self.name = name
+        self.param = param
+        self.index = index  # registration order: position in the optimizer's param groups
+        self.passes = 0  # backward passes accumulated since the last synchronize
+        self.handle: Optional[Handle] = None
+        self.hook: Optional[Any] = None
+
+
+class _GradientSync:
+    """The hooks, the in-flight push_pulls and the learned order of one optimizer."""
+
+    def __init__(
+        self,
+        names: Dict[int, str],
+        groups: List[Dict[str, Any]],
+        compression: Any,
+        backward_passes_per_step: int,
+        op: ReduceOp,
+        gradient_predivide_factor: float,
+    ) -> None:
+        self.names = names
+        self.compression = compression
+        self.passes_per_step = backward_passes_per_step
+        self.op = op
+        if op == Average:
+            self.prescale = 1.0 / gradient_predivide_factor
+            self.postscale = gradient_predivide_factor
+        else:
+            self.prescale = self.postscale = 1.0
+        self.active = fastps.size() > 1
+        self.lock = threading.RLock()
+        self.entries: List[_Entry] = []
+        self.by_id: Dict[int, _Entry] = {}
+        self.order = ForwardOrder([])
+        self.should_synchronize = True
+        self.synchronized = False
+        try:
+            for gi, group in enumerate(groups):
+                self.add_group(gi, group["params"], check=False)
+            self._check()
+        except BaseException:
+            self.close()  # no hooks of a failed wrapper stay on the parameters
+            raise
+
+    # ---------------------------------------------------------------- parameters
+
+    def add_group(self, group_index: int, params: Iterable[torch.Tensor],
+                  check: bool = True) -> None:
+        new: List[_Entry] = []
+        for pi, p in enumerate(params):
+            if id(p) in self.by_id:
+                continue
+            name = self.names.get(id(p)) or f"param.{group_index}.{pi}"
+            e = _Entry(GRAD_PREFIX + name, p, len(self.entries))
+            self.entries.append(e)
+            self.by_id[id(p)] = e
+            new.append(e)
+        self.order.add(e.param for e in new)
+        if self.active:
+            ref = weakref.ref(self)
+
+            def hook(param: torch.Tensor) -> None:
+                me = ref()
+                if me is not None:
+                    me._on_grad(param)
+
+            for e in new:
+                if e.param.requires_grad:
+                    e.hook = e.param.register_post_accumulate_grad_hook(hook)
+                    _hook_owner[id(e.param)] = self
+        if check:
+            self._check()
+
+    def _check(self) -> None:
+        seen: Dict[str, _Entry] = {}
+        for e in self.entries:
+            if e.name in seen:
+                short = e.name[len(GRAD_PREFIX):]
+                raise ValueError(f"DistributedOptimizer: two parameters are both named '{short}'")
+            seen[e.name] = e
+        if self.active:
+            check_same_tensors([(e.name[len(GRAD_PREFIX):], e.param) for e in self.entries],
+                               "DistributedOptimizer")
+
+    def close(self) -> None:
+        for e in self.entries:
+            if e.hook is not None:
+                e.hook.remove()
+                e.hook = None
+        self.order.stop()
+
+    # ---------------------------------------------------------------- priorities
+
+    def priority(self, e: _Entry) -> int:
+        """Larger goes first: parameters seen in the forward pass rank by first use, above
+        those never seen, which rank by registration order."""
+        n = len(self.entries)
+        pos = self.order.position(e.param)
+        if pos is not None:
+            return 2 * n - pos
+        return n - e.index
+
+    def parameter_order(self) -> List[str]:
+        """Parameter names, highest priority first."""
+        ranked = sorted(self.entries, key=self.priority, reverse=True)
+        return [e.name[len(GRAD_PREFIX):] for e in ranked]
+
+    # ---------------------------------------------------------------- communication
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        e = self.by_id.get(id(param))
+        if e is None or _hook_owner.get(id(param)) is not self:
+            return
+        with self.lock:
+            if e.handle is not None:
+                raise FastPSError(
+                    f"the gradient of '{e.name[len(GRAD_PREFIX):]}' was computed more than "
+                    f"backward_passes_per_step={self.passes_per_step} times before "
+                    "optimizer.step() or optimizer.synchronize(); raise "
+                    "backward_passes_per_step to accumulate more passes locally"
+                )
+            e.passes += 1
+            if e.passes >= self.passes_per_step:
+                self._start(e)
+
+    def _start(self, e: _Entry) -> None:
+        p = e.param
+        grad = p.grad
+        if grad is None:
+            # Another rank may have a gradient for it (dynamic graphs): send zeros.
+            grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            p.grad = grad
+        elif grad.layout != torch.strided:
+            grad = grad.to_dense()
+            p.grad = grad
+        e.handle = _allreduce_start(grad, True, e.name, self.op, self.prescale, self.postscale,
+                                    self.compression, self.priority(e))
+
+    def in_flight(self) -> List[str]:
+        return [e.name[len(GRAD_PREFIX):] for e in self.entries if e.handle is not None]
+
+    def synchronize(self) -> None:
+        if self.active:
+            with self.lock:
+                missing = [e for e in self.entries if e.handle is None and e.param.requires_grad]
+                missing.sort(key=self.priority, reverse=True)
+                for e in missing:
+                    self._start(e)
+                pending = [e for e in self.entries if e.handle is not None]
+            pending.sort(key=self.priority, reverse=True)
+            try:
+                for e in pending:
+                    assert e.handle is not None
+                    e.handle.synchronize()
+            finally:
+                for e in pending:
+                    e.handle = None
+        self.reset_passes()
+        if self.order.learning and self.order.seen:
+            self.order.stop()
+        self.synchronized = True
+
+    def reset_passes(self) -> None:
+        for e in self.entries:
+            e.passes = 0
+
+
+class _DistributedMixin:
+    """Methods the distributed subclass puts in front of the wrapped optimizer's class."""
+
+    _fastps: _GradientSync
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Waits for every gradient's push_pull (unless inside ``skip_synchronize()`` or
+        after an explicit ``synchronize()``), then runs the wrapped optimizer's step."""
+        sync = self._fastps
+        if sync.should_synchronize and not sync.synchronized:
+            sync.synchronize()
+        sync.synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    def synchronize(self) -> None:
+        """Finishes averaging every gradient now (e.g. before clipping them)."""
+        self._fastps.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this context ``step()`` does not synchronize; use it after an explicit
+        ``synchronize()``::
+
+            loss.backward()
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        sync = self._fastps
+        sync.should_synchronize = False
+        try:
+            yield
+        finally:
+            sync.should_synchronize = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        sync = self._fastps
+        busy = sync.in_flight()
+        if busy:
+            raise FastPSError(
+                "optimizer.zero_grad() was called while gradients are still being averaged "
+                f"({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''}): call it before "
+                "loss.backward() or after optimizer.step()/synchronize()"
+            )
+        sync.reset_passes()
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        super().add_param_group(param_group)  # type: ignore[misc]
+        sync = self.__dict__.get("_fastps")
+        if sync is not None:
+            groups = self.param_groups  # type: ignore[attr-defined]
+            sync.add_group(len(groups) - 1, groups[-1]["params"])
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self._fastps.passes_per_step = int(passes)
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._fastps.passes_per_step
+
+    def parameter_order(self) -> List[str]:
+        """Parameter names in the order their gradients are prioritised (first = sent
+        first): the forward order learned in the first iteration."""
+        return self._fastps.parameter_order()
+
+
+# The wrapped class's step is already instrumented by torch (step hooks, profiling); keep
+# torch from instrumenting this one too, or step hooks would run twice.
+_DistributedMixin.step.hooked = True  # type: ignore[attr-defined]
+
+_classes: Dict[type, Type[Any]] = {}
+_ADOPT_SKIP = ("step", "zero_grad", "_opt_called", "_fastps")
+
+
+def _distributed_class(base: type) -> Type[Any]:
+    cls = _classes.get(base)
+    if cls is None:
+        cls = type(f"Distributed{base.__name__}", (_DistributedMixin, base),
+                   {"__module__": __name__})
+        _classes[base] = cls
+    return cls
+
+
+def _parameter_names(named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]
+                     ) -> Dict[int, str]:
+    names: Dict[int, str] = {}
+    if named_parameters is None:
+        return names
+    taken: Dict[str, int] = {}
+    for item in named_parameters:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError("named_parameters must be (name, parameter) pairs, as "
+                             "model.named_parameters() yields")
+        name, p = item
+        if name in taken and taken[name] != id(p):
+            raise ValueError(f"named_parameters names two parameters '{name}'")
+        taken[name] = id(p)
+        names.setdefault(id(p), str(name))
+    return names
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+) -> Any:
+    """Wraps ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
+
+    ``named_parameters``: ``model.named_parameters()``; the names identify gradients across
+    ranks and appear in error messages (unnamed parameters are named by their position).
+    ``compression``: ``Compression.none`` or ``Compression.fp16``.
+    ``backward_passes_per_step``: backward passes accumulated locally per communication.
+    ``op``: ``Average`` (default) or ``Sum``. ``gradient_predivide_factor``: with Average,
+    gradients are divided by this factor before the sum and by ``size/factor`` after.
+    ``num_groups``/``groups`` (Horovod's manual fusion) are accepted and ignored: the core
+    partitions and schedules tensors itself. Sparse gradients are always sent densely.
+
+    The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
+    """
+    if isinstance(optimizer, _DistributedMixin):
+        raise ValueError("this optimizer is already a fastps DistributedOptimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    rop = _resolve_op(op, None)
+    if rop not in (Average, Sum):
+        raise FastPSError(f"DistributedOptimizer supports op=Average or op=Sum, not {rop.name}")
+    if gradient_predivide_factor != 1.0 and rop != Average:
+        raise ValueError("gradient_predivide_factor requires op=Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be positive")
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise FastPSError("fastps supports only the global process set (all ranks)")
+    del num_groups, groups, sparse_as_dense
+
+    sync = _GradientSync(
+        _parameter_names(named_parameters),
+        optimizer.param_groups,
+        compression or Compression.none,
+        int(backward_passes_per_step),
+        rop,
+        float(gradient_predivide_factor),
+    )
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(
+        {k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP}
+    )
+    wrapped._fastps = sync
+    weakref.finalize(wrapped, sync.close)
+    return wrapped
