@@ -41,6 +41,11 @@ def test_async_handles_out_of_order_and_broadcast(n: int, k: int) -> None:
     fastpsrun(n, k, "order")
 
 
+@pytest.mark.parametrize("n,k", [(2, 1), (2, 2)])
+def test_name_reused_with_a_different_number_of_parts(n: int, k: int) -> None:
+    fastpsrun(n, k, "regrow", partition="1M")
+
+
 def _errors(job: Job):
     seen = {}
     for w in job.workers():

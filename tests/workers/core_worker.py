@@ -128,6 +128,14 @@ def out_of_order() -> None:
     fastps.barrier()
 
 
+def regrow() -> None:
+    """One name reused with sizes that change its number of parts, up and down."""
+    size, rank = fastps.size(), fastps.rank()
+    for n in [10, 3 << 20, 5, 6 << 20, 1, 0, 70_000]:
+        got = fastps.push_pull(np.full(n, rank + 1, np.float32), average=False, name="x")
+        assert np.all(got == size * (size + 1) / 2), (n, got[:3])
+
+
 def main() -> None:
     mode = sys.argv[1]
     fastps.init()
@@ -138,6 +146,8 @@ def main() -> None:
         many(int(sys.argv[2]), int(sys.argv[3]))
     elif mode == "order":
         out_of_order()
+    elif mode == "regrow":
+        regrow()
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"rank {fastps.rank()} OK {mode} in {time.time() - t0:.1f}s", flush=True)

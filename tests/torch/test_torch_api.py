@@ -1,0 +1,136 @@
+"""fastps.torch's Horovod-style API, run as real 2-worker jobs through fastpsrun.
+
+The worker scripts in ``workers/`` do the checking and print ``... OK`` lines; these tests
+check exit codes and those lines.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+from torchjobs import WORKERS, fastpsrun, lines_of
+
+
+def test_collectives_every_dtype(subprocess_env: Dict[str, str]) -> None:
+    """allreduce/push_pull (+async, in place, ops, scale factors), allgather, broadcast,
+    grouped, compression, objects, autograd, errors, join, barrier, broadcast_parameters
+    and the optimizer API on every dtype the core supports."""
+    res = fastpsrun(WORKERS / "api_ops.py", env=subprocess_env)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for dtype in ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32",
+                  "int64", "uint8", "bool"):
+        assert len(lines_of(res.stdout, f"dtype {dtype} OK")) == 2, dtype
+    for check in ("compression", "objects", "autograd", "errors", "join/barrier",
+                  "broadcast_parameters", "optimizer api", "ALL"):
+        assert len(lines_of(res.stdout, f"{check} OK")) == 2, (check, res.stdout[-3000:])
+
+
+@pytest.mark.parametrize(
+    "mode, fragment",
+    [
+        ("extra", "tensor 'extra.weight' (float32[2, 2]) exists on rank 1 but not on rank 0"),
+        ("shape", "tensor 'fc1.weight' is float32[8, 4] on rank 0 but float32[9, 4] on rank 1"),
+        ("params", "exists on rank 1 but not on rank 0"),
+        ("allreduce", "tensor 'layer.weight' mismatch"),
+    ],
+)
+def test_mismatched_models_raise_not_hang(subprocess_env: Dict[str, str], mode: str,
+                                          fragment: str) -> None:
+    """Every rank gets a FastPSError naming the tensor, within seconds."""
+    res = fastpsrun(WORKERS / "mismatch.py", mode, env=subprocess_env, timeout=90)
+    caught = lines_of(res.stdout, "CAUGHT")
+    assert len(caught) == 2, res.stdout[-4000:]
+    for line in caught:
+        assert fragment in line, line
+    assert "NO ERROR" not in res.stdout
+    if mode != "allreduce":  # the plugin's own check leaves the job healthy
+        assert res.returncode == 0, res.stdout[-4000:]
+
+
+def test_single_process_without_launcher(subprocess_env: Dict[str, str],
+                                         tmp_path: Path) -> None:
+    """Without fastpsrun, init() runs alone: collectives return their input."""
+    script = tmp_path / "alone.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import fastps.torch as hvd
+        hvd.init()
+        assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()) == (0, 1, 0, 1)
+        x = torch.arange(4.0)
+        assert torch.equal(hvd.allreduce(x), x)
+        assert torch.equal(hvd.allgather(x), x)
+        assert torch.equal(hvd.broadcast(x, 0), x)
+        assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+        assert hvd.allgather_object(3) == [3]
+        assert hvd.join() == 0
+        model = torch.nn.Linear(2, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        print("ALONE OK")
+    """))
+    res = subprocess.run([sys.executable, str(script)], env=subprocess_env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert res.returncode == 0 and "ALONE OK" in res.stdout, res.stdout[-3000:]
+
+
+def test_forward_order_recorder_unit() -> None:
+    """The recorder follows execution order, not registration order; unseen parameters
+    come last in their given order."""
+    from fastps.torch.priority import ForwardOrder
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.last = torch.nn.Linear(4, 2)
+            self.unused = torch.nn.Linear(2, 2)
+            self.first = torch.nn.Linear(3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.last(torch.relu(self.first(x)))
+
+    net = Net()
+    params = list(net.parameters())
+    order = ForwardOrder(params)
+    assert order.learning
+    net(torch.ones(1, 3))
+    ranked = order.ranked(params)
+    want = [net.first.weight, net.first.bias, net.last.weight, net.last.bias,
+            net.unused.weight, net.unused.bias]
+    assert [id(p) for p in ranked] == [id(p) for p in want]
+    assert order.position(net.unused.weight) is None
+    order.stop()
+    assert not order.learning
+    net.unused(torch.ones(1, 2))  # after learning stopped, nothing changes
+    assert order.position(net.unused.weight) is None
+
+
+def test_compression_unit() -> None:
+    import fastps.torch as hvd
+
+    x = torch.linspace(-3, 3, 11, dtype=torch.float64)
+    c, ctx = hvd.Compression.fp16.compress(x)
+    assert c.dtype == torch.float16
+    back = hvd.Compression.fp16.decompress(c, ctx)
+    assert back.dtype == torch.float64 and torch.allclose(back, x, atol=1e-3)
+    i = torch.arange(3)
+    c, ctx = hvd.Compression.fp16.compress(i)
+    assert c is i and hvd.Compression.fp16.decompress(c, ctx) is i
+    c, ctx = hvd.Compression.none.compress(x)
+    assert c is x
+
+
+def test_unsupported_dtype_error_names_tensor() -> None:
+    import fastps
+    from fastps.torch.ops import core_dtype
+
+    for dtype in (torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64):
+        with pytest.raises(fastps.FastPSError, match=r"tensor 'my\.weight'.*not supported"):
+            core_dtype(torch.zeros(2, dtype=dtype), "my.weight")
