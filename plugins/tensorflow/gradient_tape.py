@@ -1,0 +1,106 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradients are averaged over all workers."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Type
+
+import tensorflow as tf
+
+from . import _engine as E
+from . import ops as O
+from ._reducer import GradientReducer
+from .compression import Compression, Compressor
+
+__all__ = ["DistributedGradientTape"]
+
+
+class DistributedGradientTape:
+    """Wraps a ``tf.GradientTape``; :meth:`gradient` returns gradients averaged (or summed,
+    ``op=Sum``) over all workers.
+
+    Either wrap a tape after recording, Horovod style::
+
+        with tf.GradientTape() as tape:
+            loss = ...
+        tape = fastps.tensorflow.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+
+    or record with it directly: ``with DistributedGradientTape() as tape: ...``.
+
+    Each gradient is pushed with a priority from the tape's watched-variable order (the
+    variable TensorFlow saw first gets the highest priority; TensorFlow lists watched
+    variables in creation order, which for Keras layers is forward order). Sources the tape
+    did not watch come after, in the order given. Inside ``tf.function`` the push_pulls
+    start as backpropagation produces the gradients (see ``fastps.tensorflow._reducer``).
+    ``sparse_as_dense=True`` sends ``tf.IndexedSlices`` gradients as dense tensors;
+    otherwise they are gathered. ``num_groups=k`` bundles the gradients into k groups of
+    one start and one wait op each inside graphs (fewer Python calls per step).
+    """
+
+    def __init__(
+        self,
+        gradtape: Optional[tf.GradientTape] = None,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: Type[Compressor] = Compression.none,
+        sparse_as_dense: bool = False,
+        op: int = O.Average,
+        gradient_predivide_factor: float = 1.0,
+        persistent: bool = False,
+        watch_accessed_variables: bool = True,
+        num_groups: int = 0,
+    ) -> None:
+        del device_dense, device_sparse  # accepted for Horovod compatibility; CPU path only
+        self._inner = gradtape if gradtape is not None else tf.GradientTape(
+            persistent=persistent, watch_accessed_variables=watch_accessed_variables)
+        op = O._resolve_op(op, None)
+        if gradient_predivide_factor != 1.0 and op != O.Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        # Average = (sum of g / f) * f / size: the same result, with a smaller sum.
+        self._reducer = GradientReducer(
+            "DistributedGradientTape", compression=compression, op=op,
+            sparse_as_dense=sparse_as_dense,
+            prescale_factor=1.0 / gradient_predivide_factor,
+            postscale_factor=gradient_predivide_factor, num_groups=num_groups)
+
+    # The recording side is the wrapped tape's.
+    def __enter__(self) -> DistributedGradientTape:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._inner.__exit__(*exc)
+
+    def __getattr__(self, attr: str) -> Any:
+        # Everything else (watch, watched_variables, stop_recording, reset, jacobian,
+        # batch_jacobian) is the wrapped tape's.
+        if attr == "_inner":
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
+
+    @property
+    def tape(self) -> tf.GradientTape:
+        """The wrapped tf.GradientTape."""
+        return self._inner
+
+    def _forward_order(self, sources: Sequence[Any]) -> List[int]:
+        position: Dict[int, int] = {}
+        for pos, v in enumerate(self._inner.watched_variables()):
+            position.setdefault(id(v), pos)
+        base = len(position)
+        order = []
+        for i, s in enumerate(sources):
+            key = id(getattr(s, "value", s))  # Keras variables wrap a tf.Variable
+            order.append(position.get(key, position.get(id(s), base + i)))
+        return order
+
+    @E.no_autograph
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        grads = self._inner.gradient(target, sources, output_gradients=output_gradients,
+                                     unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        reduced = self._reducer.reduce(flat_grads, flat_sources,
+                                       self._forward_order(flat_sources))
+        return tf.nest.pack_sequence_as(grads, reduced)
