@@ -12,11 +12,12 @@ neighbours, computed in float64; ties to the even one).
 
 import hashlib
 import hmac
+import math
 import os
+import struct
 
 import numpy as np
 import pytest
-
 from fastps import _core
 
 INITIAL_LEVEL = _core.simd_level()
@@ -59,8 +60,9 @@ STORAGE = {
 }
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 SIZES = [0, 1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 1000, 65537]
-# Kernels switch to streaming stores for destinations of 4 MiB and more.
-STREAM_BYTES = 4 << 20
+# sum_to switches to streaming stores for separate destinations of 16 MiB and
+# more (kStreamMinBytes in csrc/kernels/sum.cc).
+STREAM_BYTES = 16 << 20
 GUARD = 0xA5
 
 
@@ -325,22 +327,41 @@ def test_sum_to_aliased_destination(level, dtype):
     assert_same(dtype, c.arr, want)
 
 
+def large_values(rng, dtype, n):
+    """Big inputs whose sums are exact in every float type (small integers), so the
+    reference is cheap; rounding itself is covered by the tests above."""
+    if dtype == "bfloat16":
+        f = rng.integers(-60, 61, n).astype(np.float32)  # |sum of three| <= 180
+        return (f.view(np.uint32) >> 16).astype(np.uint16)
+    if dtype in FLOATS:
+        return rng.integers(-60, 61, n).astype(STORAGE[dtype])
+    return random_values(rng, dtype, n)
+
+
+def exact_sum(dtype, a, b):
+    if dtype == "bfloat16":
+        return ((bf16_to_f32(a) + bf16_to_f32(b)).view(np.uint32) >> 16).astype(np.uint16)
+    return ref_sum(dtype, a, b)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dst_offset", [0, 1, "elem"])
+@pytest.mark.parametrize("dst_offset", ["aligned", "elem"])
 def test_sum_large_streaming(level, dtype, dst_offset):
-    """Past the streaming-store threshold, aligned and not, with an odd tail."""
+    """Past the streaming-store threshold: a destination on a 64-byte boundary and
+    one an element past it (unaligned head before the streaming loop), odd tail."""
     item = np.dtype(STORAGE[dtype]).itemsize
     n = STREAM_BYTES // item + 37
-    off = item if dst_offset == "elem" else dst_offset
+    off = item if dst_offset == "elem" else 0
     rng = np.random.default_rng(3)
     d, a, b = Buf(n, dtype, off), Buf(n, dtype, 0), Buf(n, dtype, 0)
-    a.arr[:] = random_values(rng, dtype, n)
-    b.arr[:] = random_values(rng, dtype, n)
+    a.arr[:] = large_values(rng, dtype, n)
+    b.arr[:] = large_values(rng, dtype, n)
     _core.sum_to(d.ptr, a.ptr, b.ptr, n, dtype)
-    assert_same(dtype, d.arr, ref_sum(dtype, a.arr, b.arr))
+    assert_same(dtype, d.arr, exact_sum(dtype, a.arr, b.arr))
     assert d.guards_intact()
-    want = ref_sum(dtype, d.arr, a.arr)
-    _core.sum_into(d.ptr, a.ptr, n, dtype)
+    b.arr[:] = large_values(rng, dtype, n)
+    want = exact_sum(dtype, d.arr, b.arr)
+    _core.sum_into(d.ptr, b.ptr, n, dtype)
     assert_same(dtype, d.arr, want)
     assert d.guards_intact()
 
@@ -448,6 +469,18 @@ def test_half_nan_stays_nan(level):
         view = x.view(np.float16) if dtype == "float16" else x
         nan = is_nan(dtype, view)
         assert nan.tolist() == [True, True, True, False] * 9
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_scale_by_nan_with_payload(level, dtype):
+    """A NaN factor whose payload fills the float32 mantissa must still give NaN
+    (a rounding add on such bits would carry into the sign: -0.0)."""
+    payload_nan = struct.unpack("<d", struct.pack("<Q", 0x7FFFFFFFFFFFFFFF))[0]
+    assert math.isnan(payload_nan)
+    x = np.array([0x3F80, 0x0000, 0x8001, 0x7C00, 0x1234] * 13, dtype=np.uint16)
+    _core.scale(x.ctypes.data, x.size, dtype, payload_nan)
+    view = x.view(np.float16) if dtype == "float16" else x
+    assert bool(np.all(is_nan(dtype, view))), x[:5].tolist()
 
 
 def test_bf16_reference_rounding():

@@ -11,9 +11,8 @@
 //   * bool sums as logical OR and always writes 0 or 1.
 //   * pointers may have any alignment, even one that is not a multiple of
 //     the element size; every load and store is unaligned-safe.
-//   * large sum_to/sum_into calls write the destination with non-temporal
-//     stores, so a result that will not be reread from cache does not cost a
-//     read-for-ownership of every destination line.
+//   * large sum_to calls into a separate destination write it with
+//     non-temporal stores (see kStreamMinBytes).
 #include "kernels/sum.h"
 
 #include <atomic>
@@ -51,10 +50,23 @@ namespace {
 
 constexpr size_t kNumTypes = static_cast<size_t>(DType::kCount);
 
-// Destinations at least this large are written with streaming stores.
-// Below it the result (a PHub/BytePS-sized chunk) is likely to be read again
-// soon, and ordinary stores that keep it in cache are the better choice.
-constexpr size_t kStreamMinBytes = size_t{4} << 20;
+// sum_to writes destinations at least this large with streaming
+// (non-temporal) stores when the destination is a separate buffer: the three
+// buffers no longer fit in this core's share of the last-level cache, and a
+// streaming store saves the read-for-ownership of every destination line
+// (3 instead of 4 bytes of traffic per output byte). Below it the result (a
+// PHub/BytePS-sized chunk) is likely to be reread from cache soon, and
+// ordinary stores are faster (measured on one AVX-512 core, float32, 3 x bytes:
+// 12 MiB buffers 26 GB/s ordinary vs 18 streaming; 64 MiB 16 vs 20). In-place sums
+// (dst == a or b, as in sum_into) have just read the destination line, so
+// there is no read-for-ownership to save; they always use ordinary stores.
+constexpr size_t kStreamMinBytes = size_t{16} << 20;
+
+inline bool use_streaming(const void* d, const void* a, const void* b, size_t bytes,
+                          size_t elem, size_t block) {
+  const size_t mis = reinterpret_cast<uintptr_t>(d) & (block - 1);
+  return bytes >= kStreamMinBytes && d != a && d != b && mis % elem == 0;
+}
 
 // ---------------------------------------------------------------------------
 // Scalar reference ops. Each has T (storage type), S (the scale factor in the
@@ -208,6 +220,19 @@ const KernelSet kScalarSet = {
 
 #define FASTPS_AVX2 __attribute__((target("avx2,f16c")))
 
+// kBf16NanNote: the SIMD bfloat16 paths round with (u + 0x7fff + lsb) >> 16
+// and no NaN test. That add could carry a NaN into another value only if the
+// low 16 bits of the float32 NaN were nonzero. They never are: every operand
+// is a widened bfloat16 (low 16 bits zero), and an x86 add/mul returns either
+// one of its NaN operands (quieted, payload kept) or the default NaN
+// 0xffc00000. The one other float that enters is the scale factor, whose NaN
+// payload comes from a double; bf16_safe_factor replaces such a NaN with the
+// default quiet NaN, so its low 16 bits are zero too.
+inline float bf16_safe_factor(double f) {
+  const float ff = static_cast<float>(f);
+  return std::isnan(ff) ? std::numeric_limits<float>::quiet_NaN() : ff;
+}
+
 struct Avx2F32 {
   using Op = F32Op;
   using V = __m256;
@@ -264,35 +289,33 @@ struct Avx2F16 {
   FASTPS_AVX2 static V mul(V x, SV f) { return {_mm256_mul_ps(x.lo, f), _mm256_mul_ps(x.hi, f)}; }
 };
 
+// bfloat16 is the top half of a float32, so widening interleaves zero words
+// below each value. unpacklo/unpackhi and packus all work within 128-bit
+// lanes and are inverses of each other, so the element order the two float
+// vectors hold (0-3 8-11 | 4-7 12-15) is restored on the way back without a
+// cross-lane permute; all arithmetic in between is element-wise.
 struct Avx2BF16 {
   using Op = BF16Op;
   using V = Avx2F32x2;
   using SV = __m256;
   static constexpr size_t kLanes = 16;
-  FASTPS_AVX2 static __m256 widen(__m128i h) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
   FASTPS_AVX2 static V load(const char* p) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return {widen(_mm256_castsi256_si128(v)), widen(_mm256_extracti128_si256(v, 1))};
+    const __m256i zero = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v))};
   }
-  // float32 -> bfloat16 bits in the low half of each 32-bit lane.
+  // float32 -> bfloat16 bits (round to nearest even) in the low half of each
+  // 32-bit lane. No NaN special case is needed here: see kBf16NanNote.
   FASTPS_AVX2 static __m256i round(__m256 f) {
     const __m256i u = _mm256_castps_si256(f);
-    const __m256i top = _mm256_srli_epi32(u, 16);
-    const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-    const __m256i quiet = _mm256_or_si256(top, _mm256_set1_epi32(0x40));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(rounded, quiet, nan);
+    return _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   }
-  FASTPS_AVX2 static __m256i narrow(V v) {
-    // packus interleaves 128-bit lanes: [lo0..3 hi0..3 | lo4..7 hi4..7];
-    // the permute restores element order.
-    const __m256i packed = _mm256_packus_epi32(round(v.lo), round(v.hi));
-    return _mm256_permute4x64_epi64(packed, 0xD8);
-  }
+  // Lanes hold values <= 0xffff, so the signed-to-unsigned saturation of
+  // packus never triggers.
+  FASTPS_AVX2 static __m256i narrow(V v) { return _mm256_packus_epi32(round(v.lo), round(v.hi)); }
   FASTPS_AVX2 static void store(char* p, V v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(v));
   }
@@ -300,7 +323,7 @@ struct Avx2BF16 {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), narrow(v));
   }
   FASTPS_AVX2 static V add(V x, V y) { return {_mm256_add_ps(x.lo, y.lo), _mm256_add_ps(x.hi, y.hi)}; }
-  FASTPS_AVX2 static SV factor(double f) { return _mm256_set1_ps(static_cast<float>(f)); }
+  FASTPS_AVX2 static SV factor(double f) { return _mm256_set1_ps(bf16_safe_factor(f)); }
   FASTPS_AVX2 static V mul(V x, SV f) { return {_mm256_mul_ps(x.lo, f), _mm256_mul_ps(x.hi, f)}; }
 };
 
@@ -338,11 +361,22 @@ FASTPS_AVX2 void avx2_sum(void* dv, const void* av, const void* bv, size_t n) {
   const char* b = static_cast<const char*>(bv);
   size_t i = 0;  // bytes done
   const size_t total = n * sizeof(T);
-  const size_t mis = reinterpret_cast<uintptr_t>(d) & (kBlock - 1);
-  if (total >= kStreamMinBytes && mis % sizeof(T) == 0) {
+  if (use_streaming(d, a, b, total, sizeof(T), kBlock)) {
+    const size_t mis = reinterpret_cast<uintptr_t>(d) & (kBlock - 1);
     const size_t head = (kBlock - mis) & (kBlock - 1);
     scalar_sum_range<typename K::Op>(d, a, b, head / sizeof(T));
-    for (i = head; i + kBlock <= total; i += kBlock) {
+    i = head;
+    for (; i + 4 * kBlock <= total; i += 4 * kBlock) {
+      const auto x0 = K::add(K::load(a + i), K::load(b + i));
+      const auto x1 = K::add(K::load(a + i + kBlock), K::load(b + i + kBlock));
+      const auto x2 = K::add(K::load(a + i + 2 * kBlock), K::load(b + i + 2 * kBlock));
+      const auto x3 = K::add(K::load(a + i + 3 * kBlock), K::load(b + i + 3 * kBlock));
+      K::stream(d + i, x0);
+      K::stream(d + i + kBlock, x1);
+      K::stream(d + i + 2 * kBlock, x2);
+      K::stream(d + i + 3 * kBlock, x3);
+    }
+    for (; i + kBlock <= total; i += kBlock) {
       K::stream(d + i, K::add(K::load(a + i), K::load(b + i)));
     }
     _mm_sfence();
@@ -441,8 +475,8 @@ struct Avx512F64 {
   FASTPS_AVX512 static V mul(V x, SV f) { return _mm512_mul_pd(x, f); }
 };
 
-// 32 16-bit floats held as two float32 vectors; subclasses supply the
-// conversions in widen(__m256i) and narrow(__m512) -> __m256i.
+// 32 16-bit floats held as two float32 vectors; Conv supplies
+// unpack(__m512i) -> two float vectors and pack(two float vectors) -> __m512i.
 struct Avx512F32x2 {
   __m512 lo, hi;
 };
@@ -452,48 +486,52 @@ struct Avx512Half {
   using V = Avx512F32x2;
   using SV = __m512;
   static constexpr size_t kLanes = 32;
-  FASTPS_AVX512 static V unpack(__m512i v) {
-    return {Conv::widen(_mm512_castsi512_si256(v)), Conv::widen(_mm512_extracti64x4_epi64(v, 1))};
-  }
-  FASTPS_AVX512 static __m512i pack(V v) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(Conv::narrow(v.lo)), Conv::narrow(v.hi), 1);
-  }
-  FASTPS_AVX512 static V load(const char* p) { return unpack(_mm512_loadu_si512(p)); }
+  FASTPS_AVX512 static V load(const char* p) { return Conv::unpack(_mm512_loadu_si512(p)); }
   FASTPS_AVX512 static V load_n(const char* p, size_t n) {
-    return unpack(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(lane_mask(n)), p));
+    return Conv::unpack(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(lane_mask(n)), p));
   }
-  FASTPS_AVX512 static void store(char* p, V v) { _mm512_storeu_si512(p, pack(v)); }
+  FASTPS_AVX512 static void store(char* p, V v) { _mm512_storeu_si512(p, Conv::pack(v)); }
   FASTPS_AVX512 static void store_n(char* p, V v, size_t n) {
-    _mm512_mask_storeu_epi16(p, static_cast<__mmask32>(lane_mask(n)), pack(v));
+    _mm512_mask_storeu_epi16(p, static_cast<__mmask32>(lane_mask(n)), Conv::pack(v));
   }
   FASTPS_AVX512 static void stream(char* p, V v) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), pack(v));
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), Conv::pack(v));
   }
   FASTPS_AVX512 static V add(V x, V y) { return {_mm512_add_ps(x.lo, y.lo), _mm512_add_ps(x.hi, y.hi)}; }
   FASTPS_AVX512 static SV factor(double f) { return _mm512_set1_ps(static_cast<float>(f)); }
   FASTPS_AVX512 static V mul(V x, SV f) { return {_mm512_mul_ps(x.lo, f), _mm512_mul_ps(x.hi, f)}; }
 };
 
+// float16: elements 0-15 and 16-31 through the hardware converters.
 struct Avx512F16Conv {
-  FASTPS_AVX512 static __m512 widen(__m256i h) { return _mm512_cvtph_ps(h); }
-  FASTPS_AVX512 static __m256i narrow(__m512 f) {
-    return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  FASTPS_AVX512 static Avx512F32x2 unpack(__m512i v) {
+    return {_mm512_cvtph_ps(_mm512_castsi512_si256(v)),
+            _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1))};
+  }
+  FASTPS_AVX512 static __m512i pack(Avx512F32x2 v) {
+    const __m256i lo = _mm512_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i hi = _mm512_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   }
 };
 
+// bfloat16: in-lane unpack with zero words / packus, as in Avx2BF16.
 struct Avx512BF16Conv {
-  FASTPS_AVX512 static __m512 widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  FASTPS_AVX512 static Avx512F32x2 unpack(__m512i v) {
+    const __m512i zero = _mm512_setzero_si512();
+    return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)),
+            _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v))};
   }
-  FASTPS_AVX512 static __m256i narrow(__m512 f) {
+  // float32 -> bfloat16 bits (round to nearest even) in the low half of each
+  // 32-bit lane. No NaN special case is needed here: see kBf16NanNote.
+  FASTPS_AVX512 static __m512i round(__m512 f) {
     const __m512i u = _mm512_castps_si512(f);
-    const __m512i top = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    const __m512i quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+    return _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  }
+  FASTPS_AVX512 static __m512i pack(Avx512F32x2 v) {
+    return _mm512_packus_epi32(round(v.lo), round(v.hi));
   }
 };
 
@@ -503,6 +541,7 @@ struct Avx512F16 : Avx512Half<Avx512F16Conv> {
 
 struct Avx512BF16 : Avx512Half<Avx512BF16Conv> {
   using Op = BF16Op;
+  FASTPS_AVX512 static SV factor(double f) { return _mm512_set1_ps(bf16_safe_factor(f)); }
 };
 
 template <typename I>
@@ -552,11 +591,22 @@ FASTPS_AVX512 void avx512_sum(void* dv, const void* av, const void* bv, size_t n
   const char* b = static_cast<const char*>(bv);
   size_t i = 0;  // bytes done
   const size_t total = n * sizeof(T);
-  const size_t mis = reinterpret_cast<uintptr_t>(d) & (kBlock - 1);
-  if (total >= kStreamMinBytes && mis % sizeof(T) == 0) {
+  if (use_streaming(d, a, b, total, sizeof(T), kBlock)) {
+    const size_t mis = reinterpret_cast<uintptr_t>(d) & (kBlock - 1);
     const size_t head = ((kBlock - mis) & (kBlock - 1)) / sizeof(T);
     if (head) K::store_n(d, K::add(K::load_n(a, head), K::load_n(b, head)), head);
-    for (i = head * sizeof(T); i + kBlock <= total; i += kBlock) {
+    i = head * sizeof(T);
+    for (; i + 4 * kBlock <= total; i += 4 * kBlock) {
+      const auto x0 = K::add(K::load(a + i), K::load(b + i));
+      const auto x1 = K::add(K::load(a + i + kBlock), K::load(b + i + kBlock));
+      const auto x2 = K::add(K::load(a + i + 2 * kBlock), K::load(b + i + 2 * kBlock));
+      const auto x3 = K::add(K::load(a + i + 3 * kBlock), K::load(b + i + 3 * kBlock));
+      K::stream(d + i, x0);
+      K::stream(d + i + kBlock, x1);
+      K::stream(d + i + 2 * kBlock, x2);
+      K::stream(d + i + 3 * kBlock, x3);
+    }
+    for (; i + kBlock <= total; i += kBlock) {
       K::stream(d + i, K::add(K::load(a + i), K::load(b + i)));
     }
     _mm_sfence();
@@ -634,8 +684,8 @@ const KernelSet* find_set(const std::string& level) {
 }
 
 const KernelSet* best_set() {
-  // FASTPS_SIMD=avx2|scalar caps the variant (e.g. to avoid AVX-512 clock
-  // drops); an unknown or unsupported value is ignored.
+  // FASTPS_SIMD=avx512|avx2|scalar selects the variant (e.g. avx2 to avoid
+  // AVX-512 clock drops); an unknown or unsupported value is ignored.
   if (const char* env = std::getenv("FASTPS_SIMD")) {
     if (const KernelSet* s = find_set(env)) return s;
   }
