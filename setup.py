@@ -40,7 +40,13 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["fastps", "fastps.torch", "fastps.tensorflow", "fastps.tensorflow.keras", "fastps.mxnet"],
+    packages=[
+        "fastps",
+        "fastps.torch",
+        "fastps.tensorflow",
+        "fastps.tensorflow.keras",
+        "fastps.mxnet",
+    ],
     package_dir={
         "fastps": "core",
         "fastps.torch": "plugins/torch",

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Tuple
 
-import numpy as np
-
 import mxnet as mx
+import numpy as np
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
 
 NDArray = mx.nd.NDArray
 
 
-class Compressor:
+class Compressor(ABC):
     """Turns a tensor into what is sent (``compress``) and back (``decompress``)."""
 
     @staticmethod
+    @abstractmethod
     def compress(tensor: NDArray) -> Tuple[NDArray, Any]:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
     @staticmethod
+    @abstractmethod
     def decompress(tensor: NDArray, ctx: Any) -> NDArray:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
 
 class NoneCompressor(Compressor):

@@ -30,10 +30,9 @@ import itertools
 import pickle
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import mxnet as mx
 from fastps import api as _api
 from fastps.errors import FastPSError
-
-import mxnet as mx
 
 from .compression import Compression, Compressor
 from .ops import MXHandle, _start, broadcast_async_

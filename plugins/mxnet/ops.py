@@ -13,12 +13,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable, List, Optional, Sequence
 
+import mxnet as mx
 import numpy as np
 from fastps import api as _api
 from fastps.buffers import SUPPORTED_DTYPES, RawBuffer
 from fastps.errors import FastPSError
-
-import mxnet as mx
 
 __all__ = [
     "MXHandle",

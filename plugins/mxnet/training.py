@@ -6,11 +6,10 @@ import itertools
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import mxnet as mx
 import numpy as np
 from fastps import api as _api
 from fastps.errors import FastPSError
-
-import mxnet as mx
 
 from .compression import Compression, Compressor
 from .ops import (

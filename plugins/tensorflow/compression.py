@@ -6,6 +6,7 @@ the result back (``decompress``). Both are TensorFlow ops, so they work eagerly 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Tuple
 
 import tensorflow as tf
@@ -13,16 +14,18 @@ import tensorflow as tf
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
 
-class Compressor:
+class Compressor(ABC):
     """Interface: subclasses override both static methods."""
 
     @staticmethod
+    @abstractmethod
     def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
     @staticmethod
+    @abstractmethod
     def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
 
 class NoneCompressor(Compressor):

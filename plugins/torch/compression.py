@@ -9,6 +9,7 @@ does.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Tuple
 
 import torch
@@ -16,16 +17,18 @@ import torch
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
 
-class Compressor:
+class Compressor(ABC):
     """Interface: subclasses override both static methods."""
 
     @staticmethod
+    @abstractmethod
     def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
     @staticmethod
+    @abstractmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
+        """Implemented by each compressor."""
 
 
 class NoneCompressor(Compressor):

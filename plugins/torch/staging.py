@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -38,14 +39,16 @@ def raw(t: torch.Tensor, dtype: str) -> RawBuffer:
     return RawBuffer(t.data_ptr(), t.numel() * t.element_size(), dtype, tuple(t.shape), t)
 
 
-class Waitable:
+class Waitable(ABC):
     """Anything a plugin handle waits on: ``poll()`` and ``synchronize(timeout)``."""
 
+    @abstractmethod
     def poll(self) -> bool:
-        raise NotImplementedError
+        """Implemented by each kind of handle."""
 
+    @abstractmethod
     def synchronize(self, timeout: Optional[float] = None) -> None:
-        raise NotImplementedError
+        """Implemented by each kind of handle."""
 
 
 class _CoreOp(Waitable):
