@@ -1,0 +1,427 @@
+"""Communication benchmark on the emulated rack: time to synchronise a model's gradient set.
+
+n worker hosts and k CPU hosts, every host link shaped to ``--rate`` Mbit/s (benchmarks/rack).
+Each worker holds the float32 gradient tensors of a real model (ResNet-50: 161 tensors,
+102 MB; VGG-16: 32 tensors, 553 MB; shapes in benchmarks/rack_common.py) and sums them over
+all workers, as a training step's backward pass would (tensors handed over last layer
+first, the first layer with the highest priority). Systems, measured in the same run on the
+same rack:
+
+- fastps: scheduler on w0, one server on every worker host and one on each CPU host
+  (BytePS topology, num_servers = n + k), ``push_pull_async`` on every tensor;
+- Gloo: torch.distributed all_reduce over 25 MiB buckets (what DDP does); k has no meaning
+  for it: it is measured once per n and shown at every k;
+- MXNet: the dist_sync KVStore (ps-lite) with its scheduler and servers where fastps has
+  them; push + pull of every key, no optimizer on the servers (they store the sum);
+- Horovod 0.28.1 does not build against torch 2.13 (docs/peers.md), so it is not a peer.
+
+Reported per row: seconds per synchronisation (median over iterations of the slowest
+worker), goodput (model bytes / time, the metric of BytePS Fig. 12) and the fraction of the
+optimum of DESIGN.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both with B measured on the rack
+(``measure_throughput``, one TCP stream) and with B = 0.956 x rate. Every result is checked:
+each worker fills its tensors with rank + 1, so every element must come back n(n+1)/2.
+
+    python -m benchmarks.comm_rack                                # ResNet-50, n=4, k=0,1,2,4
+    python -m benchmarks.comm_rack --models resnet50 vgg16 --iters 3 --warmup 1
+    python -m benchmarks.comm_rack --models vgg16 --scale 0.25    # a quarter of every tensor
+
+Needs root (network namespaces). Writes docs/rack-results/comm.csv (provenance in the
+``#`` header lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import rack_common as rc  # noqa: E402
+
+SYSTEMS = ("fastps", "gloo", "mxnet")
+FIELDS = [
+    "model", "system", "n", "k", "rate_mbit", "link_goodput_mbit", "model_mb", "tensors",
+    "iters", "time_s", "time_min_s", "goodput_gbit", "bound_s", "frac_bound",
+    "bound_nominal_s", "frac_bound_nominal", "allreduce_bound_s", "status", "note",
+]
+
+
+# ============================================================================ children
+
+
+def _child_common(args: argparse.Namespace) -> List[Tuple[str, int]]:
+    return rc.gradient_sizes(args.model, args.scale)
+
+
+def _summary(times: List[float], bad: int, extra: Dict[str, Any]) -> Dict[str, Any]:
+    return {"times": times, "bad": bad, **extra}
+
+
+def child_fastps(args: argparse.Namespace) -> None:
+    import fastps
+    import numpy as np
+
+    sizes = _child_common(args)
+    fastps.init()
+    rank, n = fastps.rank(), fastps.size()
+    want = n * (n + 1) / 2
+    grads = [np.empty(count, dtype=np.float32) for _, count in sizes]
+    times: List[float] = []
+    bad = 0
+    for it in range(args.warmup + args.iters):
+        for g in grads:
+            g.fill(rank + 1)
+        fastps.barrier()
+        t0 = time.perf_counter()
+        handles = [
+            fastps.push_pull_async(grads[i], average=False, name=sizes[i][0], priority=-i,
+                                   out=grads[i])
+            for i in reversed(range(len(grads)))
+        ]
+        for h in handles:
+            h.synchronize()
+        dt = time.perf_counter() - t0
+        bad += sum(int(g[0] != want or g[-1] != want or g[len(g) // 2] != want) for g in grads)
+        if it >= args.warmup:
+            times.append(dt)
+    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n}), rank)
+    fastps.barrier()
+    fastps.shutdown()
+
+
+def _buckets(sizes: Sequence[Tuple[str, int]], bucket_bytes: int) -> List[List[int]]:
+    """Tensor indices grouped in backward order into buckets of about bucket_bytes."""
+    out: List[List[int]] = []
+    cur: List[int] = []
+    cur_bytes = 0
+    for i in reversed(range(len(sizes))):
+        cur.append(i)
+        cur_bytes += sizes[i][1] * 4
+        if bucket_bytes > 0 and cur_bytes >= bucket_bytes:
+            out.append(cur)
+            cur, cur_bytes = [], 0
+        elif bucket_bytes <= 0:
+            out.append(cur)
+            cur, cur_bytes = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def child_gloo(args: argparse.Namespace) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    sizes = _child_common(args)
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank, world_size=n, timeout=datetime.timedelta(seconds=args.op_timeout))
+    want = n * (n + 1) / 2
+    # Like DDP with gradient_as_bucket_view: each gradient is a view into a flat bucket.
+    flats = [torch.empty(sum(sizes[i][1] for i in b), dtype=torch.float32)
+             for b in _buckets(sizes, args.bucket_mb << 20)]
+    times: List[float] = []
+    bad = 0
+    for it in range(args.warmup + args.iters):
+        for f in flats:
+            f.fill_(rank + 1)
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(f, async_op=True) for f in flats]
+        for w in works:
+            w.wait()
+        dt = time.perf_counter() - t0
+        bad += sum(int(f[0].item() != want or f[-1].item() != want) for f in flats)
+        if it >= args.warmup:
+            times.append(dt)
+    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n, "buckets": len(flats)}), rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def child_mxnet(args: argparse.Namespace) -> None:
+    import mxnet as mx
+
+    sizes = _child_common(args)
+    kv = mx.kv.create("dist_sync")
+    rank, n = kv.rank, kv.num_workers
+    want = n * (n + 1) / 2
+    grads = [mx.nd.zeros((count,), dtype="float32") for _, count in sizes]
+    for i, g in enumerate(grads):
+        kv.init(i, g)
+    mx.nd.waitall()
+    times: List[float] = []
+    bad = 0
+    for it in range(args.warmup + args.iters):
+        for g in grads:
+            g[:] = rank + 1
+        mx.nd.waitall()
+        kv._barrier()
+        t0 = time.perf_counter()
+        for i in reversed(range(len(grads))):
+            kv.push(i, grads[i], priority=-i)
+            kv.pull(i, out=grads[i], priority=-i)
+        mx.nd.waitall()
+        dt = time.perf_counter() - t0
+        for g in grads:
+            m = len(g)
+            vals = g[0].asscalar(), g[m - 1].asscalar(), g[m // 2].asscalar()
+            bad += int(any(v != want for v in vals))
+        if it >= args.warmup:
+            times.append(dt)
+    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n}), rank)
+    kv._barrier()
+
+
+CHILDREN = {"fastps": child_fastps, "gloo": child_gloo, "mxnet": child_mxnet}
+
+
+# ============================================================================ orchestrator
+
+
+def _child_argv(python: str, system: str, args: argparse.Namespace, model: str) -> List[str]:
+    return [python, "-m", "benchmarks.comm_rack", "--child", system, "--model", model,
+            "--scale", str(args.scale), "--iters", str(args.iters), "--warmup",
+            str(args.warmup), "--bucket-mb", str(args.bucket_mb), "--op-timeout",
+            str(int(args.run_timeout))]
+
+
+def _collect(out_dir: Path, n: int) -> Tuple[Optional[List[float]], str]:
+    """Per-iteration time of the slowest worker, or why there is none."""
+    res = rc.read_results(out_dir)
+    if len(res) != n:
+        return None, f"results from {sorted(res)} of {n} workers"
+    bad = sum(int(r.get("bad", 0)) for r in res.values())
+    if bad:
+        return None, f"WRONG SUM in {bad} tensor checks"
+    per_rank = [r["times"] for r in res.values()]
+    iters = min(len(t) for t in per_rank)
+    return [max(t[i] for t in per_rank) for i in range(iters)], ""
+
+
+class Runner:
+    def __init__(self, rack: Any, args: argparse.Namespace, link_mbit: float) -> None:
+        self.rack = rack
+        self.args = args
+        self.link_mbit = link_mbit
+        self.port = args.base_port
+        self.rows: List[Dict[str, Any]] = []
+
+    def next_port(self) -> int:
+        self.port += 3
+        return self.port
+
+    def row(self, model: str, system: str, n: int, k: int, times: Optional[List[float]],
+            status: str, note: str = "") -> Dict[str, Any]:
+        sizes = rc.gradient_sizes(model, self.args.scale)
+        model_bytes = 4 * sum(c for _, c in sizes)
+        b_meas = self.link_mbit * 1e6 / 8
+        b_nom = rc.GOODPUT_FACTOR * self.args.rate * 1e6 / 8
+        bound = rc.fastps_bound_s(n, k, model_bytes, b_meas)
+        bound_nom = rc.fastps_bound_s(n, k, model_bytes, b_nom)
+        row: Dict[str, Any] = {
+            "model": model, "system": system, "n": n, "k": k, "rate_mbit": self.args.rate,
+            "link_goodput_mbit": self.link_mbit, "model_mb": model_bytes / 1e6,
+            "tensors": len(sizes), "iters": len(times or []), "bound_s": bound,
+            "bound_nominal_s": bound_nom,
+            "allreduce_bound_s": rc.allreduce_bound_s(n, model_bytes, b_meas),
+            "status": status, "note": note,
+        }
+        if times:
+            t = statistics.median(times)
+            row.update(time_s=t, time_min_s=min(times), goodput_gbit=model_bytes * 8 / t / 1e9,
+                       frac_bound=bound / t, frac_bound_nominal=bound_nom / t)
+        return row
+
+    def run_one(self, system: str, model: str, n: int, k: int, python: str) -> Dict[str, Any]:
+        args = self.args
+        port = self.next_port()
+        argv = _child_argv(python, system, args, model)
+        t_start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=f"comm-{system}-") as tmp:
+            env = {"RACK_RESULT_DIR": tmp}
+            if system == "fastps":
+                env.update(args.fastps_env)
+                launch = rc.start_fastps(self.rack, n, k, argv, port, env,
+                                         timeout_s=args.run_timeout, label=f"fps{port}")
+            elif system == "gloo":
+                launch = rc.start_gloo(self.rack, n, argv, port, env, label=f"gloo{port}")
+            elif system == "mxnet":
+                launch = rc.start_mxnet(self.rack, n, k, python, argv, port, env,
+                                        label=f"mx{port}")
+            else:
+                raise ValueError(system)
+            ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
+            times, why = _collect(Path(tmp), n)
+        wall = time.monotonic() - t_start
+        if times is None:
+            status = "failed: " + (why if ok else _first_error(err) or why)
+            print(f"  {system:8s} {model} n={n} k={k}: {status}", flush=True)
+            if not ok:
+                print("    " + "\n    ".join(err.splitlines()[-25:]), flush=True)
+            return self.row(model, system, n, k, None, status)
+        row = self.row(model, system, n, k, times, "ok", f"wall {wall:.0f} s")
+        print(f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
+              f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
+              f"({row['bound_s']:.3f} s), {100 * row['frac_bound_nominal']:.0f}% of nominal "
+              f"bound ({row['bound_nominal_s']:.3f} s) [{wall:.0f} s wall]", flush=True)
+        return row
+
+
+def _first_error(err: str) -> str:
+    for line in err.splitlines():
+        low = line.lower()
+        if "error" in low or "exception" in low or "abort" in low:
+            return line.strip()[:300]
+    return ""
+
+
+def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
+    print()
+    print(f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
+          f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s}  status")
+    for r in rows:
+        if "time_s" in r:
+            print(f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} "
+                  f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
+                  f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}%  "
+                  f"{r['status']} {r['note']}")
+        else:
+            print(f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
+                  f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s}  {r['status']}")
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    from benchmarks.rack import Rack, is_supported
+
+    ok, why = is_supported()
+    if not ok:
+        print(f"comm_rack: emulated rack not supported here: {why}", file=sys.stderr)
+        return 2
+    meta = rc.provenance()
+    systems = list(args.systems)
+    pythons: Dict[str, str] = {s: sys.executable for s in systems}
+    skipped: Dict[str, str] = {}
+    if "mxnet" in systems:
+        py, msg = rc.mxnet_python()
+        if py is None:
+            skipped["mxnet"] = msg
+            print(f"comm_rack: skipping MXNet: {msg}", flush=True)
+        else:
+            pythons["mxnet"] = py
+            print(f"comm_rack: MXNet peer: {py} ({msg})", flush=True)
+    n_max = max(args.workers)
+    k_max = max(args.cpu_hosts)
+    rows: List[Dict[str, Any]] = []
+    t0 = time.monotonic()
+    with Rack(n_workers=n_max, n_cpu_hosts=k_max, rate_mbit=args.rate,
+              prefix=args.prefix) as rack:
+        link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
+        print(f"comm_rack: rack n={n_max} k={k_max} at {args.rate} Mbit/s; measured link "
+              f"goodput {link:.1f} Mbit/s ({link / args.rate:.3f} of rate)", flush=True)
+        meta = {**meta, "rack": f"{n_max} worker hosts + {k_max} CPU hosts, "
+                f"{args.rate} Mbit/s per host, measured goodput {link:.1f} Mbit/s"}
+        runner = Runner(rack, args, link)
+        for model in args.models:
+            for n in args.workers:
+                once: Dict[str, Dict[str, Any]] = {}
+                for k in args.cpu_hosts:
+                    for system in systems:
+                        if system in skipped:
+                            rows.append(runner.row(model, system, n, k, None,
+                                                   "skipped: " + skipped[system]))
+                            continue
+                        if system == "gloo":  # k has no meaning for all-reduce: once per n
+                            if system not in once:
+                                once[system] = runner.run_one(system, model, n, 0,
+                                                              pythons[system])
+                            base = once[system]
+                            times = None
+                            if "time_s" in base:
+                                times = [base["time_s"]] * max(1, base["iters"])
+                            r = runner.row(model, system, n, k, times, base["status"],
+                                           "measured once per n (k unused)")
+                            if "time_s" in base:
+                                r.update(time_min_s=base["time_min_s"], iters=base["iters"])
+                            rows.append(r)
+                            continue
+                        rows.append(runner.run_one(system, model, n, k, pythons[system]))
+                        rc.write_csv(args.out, rows, FIELDS, meta)
+    meta["duration"] = f"{time.monotonic() - t0:.0f} s"
+    meta["load_at_end"] = rc.load_text()
+    rc.write_csv(args.out, rows, FIELDS, meta)
+    _print_table(rows)
+    print(f"\ncomm_rack: wrote {args.out} ({time.monotonic() - t0:.0f} s)")
+    failed = [r for r in rows if r["status"].startswith("failed") and r["system"] == "fastps"]
+    return 1 if failed else 0
+
+
+def _env_pairs(items: Sequence[str]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("FASTPS_"):
+            raise argparse.ArgumentTypeError(f"--fastps-env wants FASTPS_NAME=value, got {item}")
+        out[key] = value
+    return out
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(rc.MODELS))
+    p.add_argument("--workers", "-n", nargs="+", type=int, default=[4])
+    p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0, 1, 2, 4])
+    p.add_argument("--rate", type=float, default=1000.0, help="Mbit/s per host link")
+    p.add_argument("--systems", nargs="+", default=["fastps", "gloo", "mxnet"],
+                   choices=SYSTEMS)
+    p.add_argument("--iters", type=int, default=3, help="timed iterations per run")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="fraction of every gradient tensor to move (0 < scale <= 1)")
+    p.add_argument("--bucket-mb", type=int, default=25,
+                   help="Gloo all_reduce bucket size in MiB, as DDP (0: one call per tensor)")
+    p.add_argument("--fastps-env", nargs="*", default=[],
+                   help="extra FASTPS_NAME=value settings for every fastps process")
+    p.add_argument("--run-timeout", type=float, default=300.0,
+                   help="hard bound in seconds on one system's run")
+    p.add_argument("--measure-seconds", type=float, default=3.0)
+    p.add_argument("--prefix", default="fpsr")
+    p.add_argument("--base-port", type=int, default=29400)
+    p.add_argument("--out", type=Path, default=rc.RESULTS_DIR / "comm.csv")
+    # child mode (started by the orchestrator inside a host namespace)
+    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
+    p.add_argument("--op-timeout", type=int, default=300, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not 1 <= args.iters <= 100 or not 0 <= args.warmup <= 10:
+        p.error("--iters must be 1..100 and --warmup 0..10")
+    if not 0 < args.scale <= 1:
+        p.error("--scale must be in (0, 1]")
+    if min(args.workers) < 2 or min(args.cpu_hosts) < 0:
+        p.error("need --workers >= 2 and --cpu-hosts >= 0")
+    args.fastps_env = _env_pairs(args.fastps_env)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        CHILDREN[args.child](args)
+        return 0
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
