@@ -174,8 +174,8 @@ def test_config_defaults() -> None:
     assert cfg.scheduler_addr == ("127.0.0.1", 1234)
     assert (cfg.num_workers, cfg.num_servers, cfg.rank) == (1, 1, 0)
     assert cfg.partition_bytes == 4 << 20
-    assert cfg.credit_bytes == 16 << 20
-    assert (cfg.conns_per_server, cfg.engine_threads) == (2, 2)
+    assert cfg.credit_bytes == 4 << 20
+    assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.timeout, cfg.op_timeout) == (120.0, 300.0)
     assert (cfg.heartbeat_interval, cfg.heartbeat_timeout) == (1.0, 10.0)
     assert cfg.host == "127.0.0.1"

@@ -95,7 +95,7 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
            py::arg("token"), py::arg("partition_bytes") = 4u << 20,
-           py::arg("credit_bytes") = 16u << 20, py::arg("conns_per_server") = 2,
+           py::arg("credit_bytes") = 4u << 20, py::arg("conns_per_server") = 1,
            py::arg("connect_timeout_s") = 60.0,
            py::arg("server_weights") = std::vector<double>{},
            py::arg("local_ranks") = std::vector<uint32_t>{},

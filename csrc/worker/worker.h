@@ -34,8 +34,8 @@ struct WorkerOptions {
   std::string job_id;
   std::string token;
   size_t partition_bytes = 4u << 20;
-  size_t credit_bytes = 16u << 20;
-  int conns_per_server = 2;
+  size_t credit_bytes = 4u << 20;
+  int conns_per_server = 1;
   double connect_timeout_s = 60.0;
   // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
   // host (this one included; empty: only this one), which servers share this
