@@ -32,8 +32,10 @@ Needs root (network namespaces). Writes docs/rack-results/comm.csv (provenance i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,11 +76,13 @@ def child_fastps(args: argparse.Namespace) -> None:
     want = n * (n + 1) / 2
     grads = [np.empty(count, dtype=np.float32) for _, count in sizes]
     times: List[float] = []
+    spans: List[Tuple[float, float]] = []
     bad = 0
     for it in range(args.warmup + args.iters):
         for g in grads:
             g.fill(rank + 1)
         fastps.barrier()
+        w0 = time.time()
         t0 = time.perf_counter()
         handles = [
             fastps.push_pull_async(grads[i], average=False, name=sizes[i][0], priority=-i,
@@ -88,10 +92,11 @@ def child_fastps(args: argparse.Namespace) -> None:
         for h in handles:
             h.synchronize()
         dt = time.perf_counter() - t0
+        spans.append((w0, w0 + dt))
         bad += sum(int(g[0] != want or g[-1] != want or g[len(g) // 2] != want) for g in grads)
         if it >= args.warmup:
             times.append(dt)
-    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n}), rank)
+    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n, "spans": spans}), rank)
     fastps.barrier()
     fastps.shutdown()
 
@@ -132,20 +137,24 @@ def child_gloo(args: argparse.Namespace) -> None:
     flats = [torch.empty(sum(sizes[i][1] for i in b), dtype=torch.float32)
              for b in _buckets(sizes, args.bucket_mb << 20)]
     times: List[float] = []
+    spans: List[Tuple[float, float]] = []
     bad = 0
     for it in range(args.warmup + args.iters):
         for f in flats:
             f.fill_(rank + 1)
         dist.barrier()
+        w0 = time.time()
         t0 = time.perf_counter()
         works = [dist.all_reduce(f, async_op=True) for f in flats]
         for w in works:
             w.wait()
         dt = time.perf_counter() - t0
+        spans.append((w0, w0 + dt))
         bad += sum(int(f[0].item() != want or f[-1].item() != want) for f in flats)
         if it >= args.warmup:
             times.append(dt)
-    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n, "buckets": len(flats)}), rank)
+    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n, "buckets": len(flats),
+                                         "spans": spans}), rank)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -244,11 +253,36 @@ class Runner:
                        frac_bound=bound / t, frac_bound_nominal=bound_nom / t)
         return row
 
+    def start_linkstat(self, tag: str) -> Optional[Tuple[Any, Path]]:
+        """With --linkstats DIR: sample every host link during this run (linkstat.py)."""
+        if not self.args.linkstats:
+            return None
+        self.args.linkstats.mkdir(parents=True, exist_ok=True)
+        out = self.args.linkstats / f"{tag}.csv"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.rack.switch_ns, sys.executable, "-m",
+             "benchmarks.rack.linkstat", "--out", str(out), "--interval-ms", "5",
+             "--seconds", str(self.args.run_timeout)], cwd=str(rc.REPO))
+        return proc, out
+
+    def stop_linkstat(self, sampler: Tuple[Any, Path], result_dir: Path, n: int) -> None:
+        """Stops the sampler and stores the workers' iteration spans beside its file."""
+        proc, out = sampler
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        spans = {r: res.get("spans", []) for r, res in rc.read_results(result_dir).items()}
+        out.with_suffix(".spans.json").write_text(json.dumps(spans))
+
     def run_one(self, system: str, model: str, n: int, k: int, python: str) -> Dict[str, Any]:
         args = self.args
         port = self.next_port()
         argv = _child_argv(python, system, args, model)
         t_start = time.monotonic()
+        sampler = self.start_linkstat(f"{system}-{model}-n{n}-k{k}")
         with tempfile.TemporaryDirectory(prefix=f"comm-{system}-") as tmp:
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
@@ -264,6 +298,8 @@ class Runner:
                 raise ValueError(system)
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
             times, why = _collect(Path(tmp), n)
+            if sampler is not None:
+                self.stop_linkstat(sampler, Path(tmp), n)
         wall = time.monotonic() - t_start
         if times is None:
             status = "failed: " + (why if ok else _first_error(err) or why)
@@ -400,6 +436,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--prefix", default="fpsr")
     p.add_argument("--base-port", type=int, default=29400)
     p.add_argument("--out", type=Path, default=rc.RESULTS_DIR / "comm.csv")
+    p.add_argument("--linkstats", type=Path, default=None, metavar="DIR",
+                   help="sample every host link every 5 ms during each run into DIR "
+                        "(benchmarks/rack/linkstat.py) with the workers' iteration spans")
     # child mode (started by the orchestrator inside a host namespace)
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
