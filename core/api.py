@@ -113,6 +113,7 @@ def init(config: Optional[Config] = None) -> None:
             token=cfg.token,
             partition_bytes=cfg.partition_bytes,
             credit_bytes=cfg.credit_bytes,
+            window_bytes=cfg.window_bytes,
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
             server_weights=weights,

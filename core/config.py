@@ -41,6 +41,7 @@ GiB = 1024 * MiB
 
 DEFAULT_PARTITION_BYTES = 4 * MiB
 DEFAULT_CREDIT_BYTES = 4 * MiB
+DEFAULT_WINDOW_BYTES = 2 * MiB  # unanswered bytes more urgent than the next part, per server
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 DEFAULT_CONNS_PER_SERVER = 1
 DEFAULT_ENGINE_THREADS = 2
@@ -209,6 +210,16 @@ class _Env:
             raise _bad(var, value, "must be > 0")
         return result
 
+    def size0(self, var: str, default: int) -> int:
+        """A size that may be 0 (meaning: no limit)."""
+        value = self.raw(var)
+        if value is None:
+            return default
+        result = parse_size(value, var)
+        if result < 0:
+            raise _bad(var, value, "must be >= 0")
+        return result
+
     def seconds(self, var: str, default: float) -> float:
         value = self.raw(var)
         if value is None:
@@ -236,6 +247,7 @@ class Config:
     hostname: str = ""
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     credit_bytes: int = DEFAULT_CREDIT_BYTES
+    window_bytes: int = DEFAULT_WINDOW_BYTES
     shm: bool = True
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
@@ -328,6 +340,7 @@ class Config:
             hostname=hostname,
             partition_bytes=e.size("FASTPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES),
             credit_bytes=e.size("FASTPS_CREDIT_BYTES", DEFAULT_CREDIT_BYTES),
+            window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
             shm=shm,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,

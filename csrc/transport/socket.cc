@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include "transport/socket.h"
 
 #include <arpa/inet.h>
@@ -57,6 +58,11 @@ void tune_socket(int fd) {
   int buf = 8 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  static const int lowat = [] {
+    const char* env = std::getenv("FASTPS_NOTSENT_LOWAT");
+    return env ? std::atoi(env) : 0;
+  }();
+  if (lowat > 0) setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
 }
 
 static sockaddr_in resolve(const std::string& host, int port) {

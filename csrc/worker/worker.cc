@@ -65,6 +65,7 @@ void Worker::start() {
   conns_.resize(opts_.servers.size());
   queues_.resize(opts_.servers.size());
   inflight_.assign(opts_.servers.size(), 0);
+  unanswered_.assign(opts_.servers.size(), {});
   server_shm_.assign(opts_.servers.size(), false);
   // The segment exists before anyone can ask to map it.
   if (local_) local_->open();
@@ -178,14 +179,14 @@ int64_t Worker::push_pull(const void* in, void* out, size_t nbytes, DType dt,
       return h->id;
     }
     for (auto& p : h->parts) {
-      PartTask t{h, p, 0, true, {}, {}};
+      PartTask t{h, p, 0, true, {}, {}, false};
       if (local_reduce_) t.owned = local_->owner(h->tensor->id, p.index) == opts_.rank;
       pending_[part_key(h->tensor->id, p.index)] = t;
     }
   }
   if (local_reduce_) {
     for (auto& p : h->parts) {
-      PartTask t{h, p, 0, true, {}, {}};
+      PartTask t{h, p, 0, true, {}, {}, false};
       if (local_->owner(h->tensor->id, p.index) != opts_.rank) {
         t.owned = false;
         post_local(priority, [this, t] { contribute(t); });
@@ -219,10 +220,37 @@ int64_t Worker::push_pull(const void* in, void* out, size_t nbytes, DType dt,
   }
   {
     std::lock_guard<std::mutex> lock(q_mu_);
-    for (auto& p : h->parts) queues_[p.server].push(PartTask{h, p, seq_++, true, {}, {}});
+    for (auto& p : h->parts) queues_[p.server].push(PartTask{h, p, seq_++, true, {}, {}, false});
   }
   q_cv_.notify_one();
   return h->id;
+}
+
+// Two limits per server keep the pushes in priority order and the workers in step:
+// - credit_bytes: bytes handed to the socket but not yet written to it. Kernel
+//   buffers are first come first served; what does not fit waits in the queue,
+//   where a late urgent part can still overtake it.
+// - window_bytes: bytes of unanswered parts more urgent than the next one. A part
+//   is answered only when every worker pushed it, so a worker whose flow to a
+//   server runs ahead (TCP shares a link unevenly) waits for the others and its
+//   link carries parts for its other servers meanwhile. Counting only more urgent
+//   parts keeps this free of deadlock although workers can start in different
+//   orders: take the most urgent part that is pushed somewhere and not answered;
+//   every worker that has not pushed it has it, or something more urgent, at the
+//   head of its queue, and nothing unanswered ahead of that, so it may push it.
+bool Worker::window_open(size_t s) const {
+  if (queues_[s].empty()) return false;
+  const PartTask& next = queues_[s].top();
+  size_t len = next.span.len;
+  if (inflight_[s] != 0 && inflight_[s] + len > opts_.credit_bytes) return false;
+  if (opts_.window_bytes == 0) return true;
+  UrgencyKey key = urgency(next);
+  size_t ahead = 0;
+  for (auto& kv : unanswered_[s]) {
+    if (!(kv.first < key)) break;
+    ahead += kv.second;
+  }
+  return ahead == 0 || ahead + len <= opts_.window_bytes;
 }
 
 void Worker::push_loop() {
@@ -233,18 +261,19 @@ void Worker::push_loop() {
     q_cv_.wait(lock, [&] {
       if (stop_) return true;
       for (size_t s = 0; s < queues_.size(); ++s)
-        if (!queues_[s].empty() &&
-            (inflight_[s] == 0 || inflight_[s] + queues_[s].top().span.len <= opts_.credit_bytes))
-          return true;
+        if (window_open(s)) return true;
       return false;
     });
     if (stop_) return;
     for (size_t s = 0; s < queues_.size(); ++s) {
       auto& q = queues_[s];
-      while (!q.empty() &&
-             (inflight_[s] == 0 || inflight_[s] + q.top().span.len <= opts_.credit_bytes)) {
-        inflight_[s] += q.top().span.len;
-        batch.push_back(q.top());
+      while (window_open(s)) {
+        if (take_off_queue(q.top())) {
+          inflight_[s] += q.top().span.len;
+          unanswered_[s][urgency(q.top())] = q.top().span.len;
+          batch.push_back(q.top());
+          batch.back().in_flight = true;
+        }
         q.pop();
       }
     }
@@ -252,6 +281,23 @@ void Worker::push_loop() {
     for (auto& t : batch) send_part(t);
     lock.lock();
   }
+}
+
+bool Worker::take_off_queue(const PartTask& t) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = pending_.find(part_key(t.handle->tensor->id, t.span.index));
+  if (it == pending_.end()) return false;
+  it->second.in_flight = true;
+  return true;
+}
+
+void Worker::release_credit(const PartTask& t) {
+  if (!t.in_flight) return;
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    unanswered_[t.span.server].erase(urgency(t));
+  }
+  q_cv_.notify_one();
 }
 
 FrameHeader Worker::header_for(MsgType type, const PartTask& t) const {
@@ -296,7 +342,7 @@ void Worker::send_part(PartTask t) {
   auto& conn = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
   FrameHeader hdr = header_for(MsgType::kPush, t);
   hdr.pushers = pushers_;
-  auto release = [this, server, len] {
+  auto written = [this, server, len] {
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       inflight_[server] -= len;
@@ -308,12 +354,12 @@ void Worker::send_part(PartTask t) {
     hdr.flags = kFlagShm;
     hdr.shm_segment = t.stage.segment;
     hdr.shm_offset = t.stage.offset;
-    ok = conn->send(hdr, nullptr, 0, release);
+    ok = conn->send(hdr, nullptr, 0, written);
     stats_.pushed_shm++;
   } else {
     stats_.pushed_socket++;
     const char* src = t.stage.empty() ? h.in + t.span.offset : t.stage.data;
-    ok = conn->send(hdr, src, len, release);
+    ok = conn->send(hdr, src, len, written);
   }
   if (!ok) abort("lost connection to " + conn->desc());
 }
@@ -378,18 +424,21 @@ void Worker::fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peer
     }
   }
   std::vector<std::shared_ptr<Handle>> hit;
+  std::vector<PartTask> sent;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (!failed_tensors_.count(tensor)) failed_tensors_[tensor] = msg;
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.handle->tensor->id == tensor) {
         hit.push_back(it->second.handle);
+        if (it->second.in_flight) sent.push_back(it->second);
         it = pending_.erase(it);
       } else {
         ++it;
       }
     }
   }
+  for (auto& t : sent) release_credit(t);
   for (auto& hd : hit) fail_handle(hd, msg);
 }
 
@@ -433,6 +482,7 @@ void Worker::on_frame(Connection* c, const FrameHeader& h, void* payload) {
     t = it->second;
     pending_.erase(it);
   }
+  release_credit(t);
   if ((h.flags & kFlagShm) &&
       (!t.stage.in_shm() || h.shm_segment != t.stage.segment || h.shm_offset != t.stage.offset)) {
     abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +

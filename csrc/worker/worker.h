@@ -4,6 +4,7 @@
 // push with the summed part, received straight into the output memory.
 #pragma once
 #include <atomic>
+#include <map>
 #include <condition_variable>
 #include <functional>
 #include <cstdint>
@@ -35,6 +36,9 @@ struct WorkerOptions {
   std::string token;
   size_t partition_bytes = 4u << 20;
   size_t credit_bytes = 4u << 20;
+  // Bytes of parts more urgent than the next one that may wait unanswered per server
+  // (see Worker::window_open); 0: no such limit.
+  size_t window_bytes = 2u << 20;
   int conns_per_server = 1;
   double connect_timeout_s = 60.0;
   // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
@@ -92,6 +96,7 @@ class Worker : public FrameHandler {
     bool owned = true;  // false: a local peer reduces and pushes this part
     Staging stage;      // bytes pushed and where the sum lands; empty: the user's memory
     Staging mine;       // not owned: this worker's contribution, held until the sum is back
+    bool in_flight = false;  // pushed: in its server's window until answered or failed
   };
   // A local peer's contribution to a part this worker owns.
   struct Contribution {
@@ -114,13 +119,26 @@ class Worker : public FrameHandler {
       return a.seq > b.seq;
     }
   };
+  // Urgency, the same on every worker: priority, then tensor id (a hash of the
+  // name), then part index. Only one push_pull per name runs at a time, so this is
+  // a strict total order of everything queued, which the window needs (window_open).
+  using UrgencyKey = std::tuple<int64_t, uint64_t, uint32_t>;  // smaller: more urgent
+  static UrgencyKey urgency(const PartTask& t) {
+    return UrgencyKey{-static_cast<int64_t>(t.handle->priority), t.handle->tensor->id,
+                      t.span.index};
+  }
   struct TaskOrder {
     bool operator()(const PartTask& a, const PartTask& b) const {
-      if (a.handle->priority != b.handle->priority) return a.handle->priority < b.handle->priority;
-      return a.seq > b.seq;  // FIFO among equal priorities
+      return urgency(a) > urgency(b);
     }
   };
   void push_loop();
+  // Whether server s admits its next queued part now (q_mu_ held).
+  bool window_open(size_t s) const;
+  // Marks a queued part as sent; false if it failed meanwhile (then it is dropped).
+  bool take_off_queue(const PartTask& t);
+  // Returns a pushed part's bytes to its server's credit once its sum is back or it failed.
+  void release_credit(const PartTask& t);
   void send_part(PartTask t);
   void attach_local_servers();
   FrameHeader header_for(MsgType type, const PartTask& t) const;
@@ -171,7 +189,9 @@ class Worker : public FrameHandler {
   std::mutex q_mu_;
   std::condition_variable q_cv_;
   std::vector<std::priority_queue<PartTask, std::vector<PartTask>, TaskOrder>> queues_;
-  std::vector<size_t> inflight_;
+  std::vector<size_t> inflight_;  // bytes handed to the socket, not yet written
+  // Parts pushed and not yet answered, per server, by urgency -> bytes.
+  std::vector<std::map<UrgencyKey, size_t>> unanswered_;
   uint64_t seq_ = 0;
   bool stop_ = false;
   std::thread pusher_;
