@@ -78,6 +78,7 @@ def init(config: Optional[Config] = None) -> None:
         local_ranks: List[int] = []
         local_servers: List[bool] = []
         num_hosts = 0
+        hosts: List[str] = [cfg.hostname]
         if cfg.scheduler_addr is None:
             if cfg.num_workers != 1:
                 cfg.require_scheduler_addr()
@@ -105,15 +106,19 @@ def init(config: Optional[Config] = None) -> None:
                 placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
             )
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
+            hosts = [w.hostname for w in membership.workers]
+            hosts += [s.hostname for s in membership.servers]
+        partition_bytes, credit_bytes = cfg.part_sizes(hosts)
         worker = core.Worker(
             rank=cfg.rank,
             num_workers=cfg.num_workers,
             servers=servers,
             job_id=cfg.job_id,
             token=cfg.token,
-            partition_bytes=cfg.partition_bytes,
-            credit_bytes=cfg.credit_bytes,
+            partition_bytes=partition_bytes,
+            credit_bytes=credit_bytes,
             window_bytes=cfg.window_bytes,
+            notsent_lowat=cfg.notsent_lowat,
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
             server_weights=weights,

@@ -18,7 +18,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Tuple, TypeVar
+from typing import Callable, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from .errors import FastPSError
 
@@ -39,9 +39,14 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-DEFAULT_PARTITION_BYTES = 4 * MiB
-DEFAULT_CREDIT_BYTES = 4 * MiB
+# Parts and the per-server credit: large when every process shares one host (shared
+# memory; fewer, bigger parts cost less CPU), small across a network, where a part
+# is answered only once every worker's copy crossed a link, so small parts start
+# the results flowing sooner (docs/benchmarks.md, rack sweep). None: chosen at init.
+LOCAL_PARTITION_BYTES = 4 * MiB
+NETWORK_PARTITION_BYTES = 256 * KiB
 DEFAULT_WINDOW_BYTES = 2 * MiB  # unanswered bytes more urgent than the next part, per server
+DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 DEFAULT_CONNS_PER_SERVER = 1
 DEFAULT_ENGINE_THREADS = 2
@@ -210,6 +215,9 @@ class _Env:
             raise _bad(var, value, "must be > 0")
         return result
 
+    def optional_size(self, var: str) -> Optional[int]:
+        return None if self.raw(var) is None else self.size(var, 0)
+
     def size0(self, var: str, default: int) -> int:
         """A size that may be 0 (meaning: no limit)."""
         value = self.raw(var)
@@ -245,9 +253,10 @@ class Config:
     server_port: int = 0
     host: str = "127.0.0.1"
     hostname: str = ""
-    partition_bytes: int = DEFAULT_PARTITION_BYTES
-    credit_bytes: int = DEFAULT_CREDIT_BYTES
+    partition_bytes: Optional[int] = None
+    credit_bytes: Optional[int] = None
     window_bytes: int = DEFAULT_WINDOW_BYTES
+    notsent_lowat: int = DEFAULT_NOTSENT_LOWAT
     shm: bool = True
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
@@ -338,9 +347,10 @@ class Config:
             server_port=server_port,
             host=host,
             hostname=hostname,
-            partition_bytes=e.size("FASTPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES),
-            credit_bytes=e.size("FASTPS_CREDIT_BYTES", DEFAULT_CREDIT_BYTES),
+            partition_bytes=e.optional_size("FASTPS_PARTITION_BYTES"),
+            credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
+            notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
             shm=shm,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,
@@ -353,6 +363,17 @@ class Config:
             rank_source=rank_src,
             num_workers_source=nw_src,
         )
+
+    def part_sizes(self, hostnames: Sequence[str]) -> Tuple[int, int]:
+        """(partition, credit) bytes for a job whose workers and servers run on these hosts.
+
+        Set values win; otherwise LOCAL_PARTITION_BYTES when all are on one host, else
+        NETWORK_PARTITION_BYTES. The credit defaults to the partition size. Every worker
+        sees the same membership, so every worker cuts tensors the same way.
+        """
+        auto = LOCAL_PARTITION_BYTES if len(set(hostnames)) <= 1 else NETWORK_PARTITION_BYTES
+        partition = self.partition_bytes or auto
+        return partition, self.credit_bytes or partition
 
     def require_scheduler_addr(self) -> Tuple[str, int]:
         """The scheduler address, or a clear error when ``FASTPS_SCHEDULER_ADDR`` is unset."""

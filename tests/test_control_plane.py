@@ -173,8 +173,14 @@ def test_config_defaults() -> None:
     assert cfg.role == "worker"
     assert cfg.scheduler_addr == ("127.0.0.1", 1234)
     assert (cfg.num_workers, cfg.num_servers, cfg.rank) == (1, 1, 0)
-    assert cfg.partition_bytes == 4 << 20
-    assert cfg.credit_bytes == 4 << 20
+    assert cfg.partition_bytes is None and cfg.credit_bytes is None
+    assert cfg.part_sizes(["a", "a"]) == (4 << 20, 4 << 20)
+    assert cfg.part_sizes(["a", "b"]) == (256 << 10, 256 << 10)
+    assert (cfg.window_bytes, cfg.notsent_lowat) == (2 << 20, 128 << 10)
+    set_ = Config.from_env({"FASTPS_SCHEDULER_ADDR": "127.0.0.1:1234",
+                            "FASTPS_PARTITION_BYTES": "1M", "FASTPS_WINDOW_BYTES": "0"})
+    assert set_.part_sizes(["a", "b"]) == (1 << 20, 1 << 20)
+    assert set_.window_bytes == 0
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.timeout, cfg.op_timeout) == (120.0, 300.0)
     assert (cfg.heartbeat_interval, cfg.heartbeat_timeout) == (1.0, 10.0)

@@ -74,7 +74,8 @@ PYBIND11_MODULE(_core, m) {
                        size_t partition_bytes, size_t credit_bytes, int conns_per_server,
                        double connect_timeout_s, std::vector<double> server_weights,
                        std::vector<uint32_t> local_ranks, std::vector<bool> local_servers,
-                       uint32_t num_hosts, bool shm, size_t shm_bytes, size_t window_bytes) {
+                       uint32_t num_hosts, bool shm, size_t shm_bytes, size_t window_bytes,
+                       size_t notsent_lowat) {
              WorkerOptions o;
              o.rank = rank;
              o.num_workers = num_workers;
@@ -92,6 +93,7 @@ PYBIND11_MODULE(_core, m) {
              o.shm = shm;
              o.shm_bytes = shm_bytes;
              o.window_bytes = window_bytes;
+             o.notsent_lowat = notsent_lowat;
              return std::make_unique<Worker>(o);
            }),
            py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
@@ -102,7 +104,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("local_ranks") = std::vector<uint32_t>{},
            py::arg("local_servers") = std::vector<bool>{}, py::arg("num_hosts") = 0,
            py::arg("shm") = true, py::arg("shm_bytes") = size_t(256u << 20),
-           py::arg("window_bytes") = size_t(2u << 20))
+           py::arg("window_bytes") = size_t(2u << 20),
+           py::arg("notsent_lowat") = size_t(128u << 10))
       .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
       .def(
           "push_pull",

@@ -1,4 +1,3 @@
-#include <cstdlib>
 #include "transport/socket.h"
 
 #include <arpa/inet.h>
@@ -51,18 +50,17 @@ void set_nonblocking(int fd, bool on) {
   fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
 }
 
-void tune_socket(int fd) {
+void tune_socket(int fd, int notsent_lowat) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   // Large socket buffers keep a whole part in flight on fast links.
   int buf = 8 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-  static const int lowat = [] {
-    const char* env = std::getenv("FASTPS_NOTSENT_LOWAT");
-    return env ? std::atoi(env) : 0;
-  }();
-  if (lowat > 0) setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
+  // Few unsent bytes in the kernel: the rest waits in user space, where the
+  // scheduler can still put an urgent part ahead of it.
+  if (notsent_lowat > 0)
+    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &notsent_lowat, sizeof(notsent_lowat));
 }
 
 static sockaddr_in resolve(const std::string& host, int port) {
@@ -83,7 +81,7 @@ static sockaddr_in resolve(const std::string& host, int port) {
   return sa;
 }
 
-int tcp_connect(const std::string& addr, double timeout_s) {
+int tcp_connect(const std::string& addr, double timeout_s, int notsent_lowat) {
   std::string host;
   int port = 0;
   split_addr(addr, &host, &port);
@@ -93,7 +91,7 @@ int tcp_connect(const std::string& addr, double timeout_s) {
   while (now_s() < deadline) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw std::runtime_error(std::string("socket(): ") + strerror(errno));
-    tune_socket(fd);
+    tune_socket(fd, notsent_lowat);
     set_nonblocking(fd, true);
     int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
     if (rc != 0 && errno == EINPROGRESS) {

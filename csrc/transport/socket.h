@@ -7,7 +7,8 @@ namespace fastps {
 
 // "host:port" -> connected blocking socket with TCP_NODELAY. Retries refused
 // connections until timeout_s; throws std::runtime_error naming the address.
-int tcp_connect(const std::string& addr, double timeout_s);
+// notsent_lowat > 0 sets TCP_NOTSENT_LOWAT (see tune_socket).
+int tcp_connect(const std::string& addr, double timeout_s, int notsent_lowat = 0);
 // Listening socket on host:port (port 0 picks one); returns fd, sets *bound_port.
 int tcp_listen(const std::string& host, int port, int* bound_port);
 // Local stream sockets in Linux's abstract namespace ("@name"): no file to
@@ -16,7 +17,7 @@ int unix_listen(const std::string& name);
 // Retries until the peer listens or timeout_s passes; throws std::runtime_error.
 int unix_connect(const std::string& name, double timeout_s);
 void set_nonblocking(int fd, bool on);
-void tune_socket(int fd);
+void tune_socket(int fd, int notsent_lowat = 0);
 // Reads/writes exactly len bytes on a blocking or non-blocking fd, waiting at
 // most timeout_s overall. Return false on timeout, EOF or error.
 bool read_full(int fd, void* buf, size_t len, double timeout_s);

@@ -72,7 +72,8 @@ void Worker::start() {
   for (size_t s = 0; s < opts_.servers.size(); ++s) {
     for (int k = 0; k < opts_.conns_per_server; ++k) {
       std::string desc = "server " + std::to_string(s) + " at " + opts_.servers[s];
-      int fd = tcp_connect(opts_.servers[s], opts_.connect_timeout_s);
+      int fd = tcp_connect(opts_.servers[s], opts_.connect_timeout_s,
+                           static_cast<int>(opts_.notsent_lowat));
       try {
         connect_handshake(fd, opts_.job_id, opts_.token, opts_.rank, static_cast<uint32_t>(k),
                           opts_.connect_timeout_s, desc);
@@ -265,17 +266,22 @@ void Worker::push_loop() {
       return false;
     });
     if (stop_) return;
-    for (size_t s = 0; s < queues_.size(); ++s) {
-      auto& q = queues_[s];
-      while (window_open(s)) {
-        if (take_off_queue(q.top())) {
-          inflight_[s] += q.top().span.len;
-          unanswered_[s][urgency(q.top())] = q.top().span.len;
-          batch.push_back(q.top());
-          batch.back().in_flight = true;
-        }
-        q.pop();
+    while (true) {
+      // The most urgent part among the servers that admit one.
+      size_t best = queues_.size();
+      for (size_t s = 0; s < queues_.size(); ++s)
+        if (window_open(s) && (best == queues_.size() ||
+                               urgency(queues_[s].top()) < urgency(queues_[best].top())))
+          best = s;
+      if (best == queues_.size()) break;
+      auto& q = queues_[best];
+      if (take_off_queue(q.top())) {
+        inflight_[best] += q.top().span.len;
+        unanswered_[best][urgency(q.top())] = q.top().span.len;
+        batch.push_back(q.top());
+        batch.back().in_flight = true;
       }
+      q.pop();
     }
     lock.unlock();
     for (auto& t : batch) send_part(t);

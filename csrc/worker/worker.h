@@ -39,6 +39,8 @@ struct WorkerOptions {
   // Bytes of parts more urgent than the next one that may wait unanswered per server
   // (see Worker::window_open); 0: no such limit.
   size_t window_bytes = 2u << 20;
+  // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
+  size_t notsent_lowat = 128u << 10;
   int conns_per_server = 1;
   double connect_timeout_s = 60.0;
   // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
