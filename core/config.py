@@ -45,7 +45,7 @@ GiB = 1024 * MiB
 # the results flowing sooner (docs/benchmarks.md, rack sweep). None: chosen at init.
 LOCAL_PARTITION_BYTES = 4 * MiB
 NETWORK_PARTITION_BYTES = 256 * KiB
-DEFAULT_WINDOW_BYTES = 2 * MiB  # unanswered bytes more urgent than the next part, per server
+DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 DEFAULT_CONNS_PER_SERVER = 1

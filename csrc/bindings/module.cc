@@ -104,7 +104,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("local_ranks") = std::vector<uint32_t>{},
            py::arg("local_servers") = std::vector<bool>{}, py::arg("num_hosts") = 0,
            py::arg("shm") = true, py::arg("shm_bytes") = size_t(256u << 20),
-           py::arg("window_bytes") = size_t(2u << 20),
+           py::arg("window_bytes") = size_t(1u << 20),
            py::arg("notsent_lowat") = size_t(128u << 10))
       .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
       .def(

@@ -66,6 +66,16 @@ void Worker::start() {
   queues_.resize(opts_.servers.size());
   inflight_.assign(opts_.servers.size(), 0);
   unanswered_.assign(opts_.servers.size(), {});
+  // Each server's window in proportion to its share of the bytes (window_bytes for an
+  // even split): a server that must receive more bytes needs more of them under way.
+  std::vector<double> weights = weights_or_equal(opts_);
+  double total = 0;
+  for (double w : weights) total += w;
+  window_.clear();
+  for (double w : weights)
+    window_.push_back(total > 0 ? static_cast<size_t>(static_cast<double>(opts_.window_bytes) *
+                                                      w / total * weights.size())
+                                : opts_.window_bytes);
   server_shm_.assign(opts_.servers.size(), false);
   // The segment exists before anyone can ask to map it.
   if (local_) local_->open();
@@ -251,7 +261,7 @@ bool Worker::window_open(size_t s) const {
     if (!(kv.first < key)) break;
     ahead += kv.second;
   }
-  return ahead == 0 || ahead + len <= opts_.window_bytes;
+  return ahead == 0 || ahead + len <= window_[s];
 }
 
 void Worker::push_loop() {

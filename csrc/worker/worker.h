@@ -36,9 +36,10 @@ struct WorkerOptions {
   std::string token;
   size_t partition_bytes = 4u << 20;
   size_t credit_bytes = 4u << 20;
-  // Bytes of parts more urgent than the next one that may wait unanswered per server
-  // (see Worker::window_open); 0: no such limit.
-  size_t window_bytes = 2u << 20;
+  // Bytes of parts more urgent than the next one that may wait unanswered at a server
+  // with an even share of the bytes, scaled by each server's share (see
+  // Worker::window_open); 0: no such limit.
+  size_t window_bytes = 1u << 20;
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
   size_t notsent_lowat = 128u << 10;
   int conns_per_server = 1;
@@ -194,6 +195,7 @@ class Worker : public FrameHandler {
   std::vector<size_t> inflight_;  // bytes handed to the socket, not yet written
   // Parts pushed and not yet answered, per server, by urgency -> bytes.
   std::vector<std::map<UrgencyKey, size_t>> unanswered_;
+  std::vector<size_t> window_;  // window_bytes scaled by the server's share of the bytes
   uint64_t seq_ = 0;
   bool stop_ = false;
   std::thread pusher_;
