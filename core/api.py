@@ -78,6 +78,7 @@ def init(config: Optional[Config] = None) -> None:
         local_ranks: List[int] = []
         local_servers: List[bool] = []
         num_hosts = 0
+        pacing: List[float] = []
         hosts: List[str] = [cfg.hostname]
         if cfg.scheduler_addr is None:
             if cfg.num_workers != 1:
@@ -106,6 +107,8 @@ def init(config: Optional[Config] = None) -> None:
                 placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
             )
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
+            worker_rates, _ = placement.membership_pacing(membership, cfg.link_mbit, cfg.shm)
+            pacing = worker_rates[cfg.rank]
             hosts = [w.hostname for w in membership.workers]
             hosts += [s.hostname for s in membership.servers]
         partition_bytes, credit_bytes = cfg.part_sizes(hosts)
@@ -119,6 +122,7 @@ def init(config: Optional[Config] = None) -> None:
             credit_bytes=credit_bytes,
             window_bytes=cfg.window_bytes,
             notsent_lowat=cfg.notsent_lowat,
+            pacing_bytes_per_s=pacing,
             conns_per_server=cfg.conns_per_server,
             connect_timeout_s=cfg.timeout,
             server_weights=weights,
@@ -409,8 +413,9 @@ def broadcast_async(
     """Starts copying root_rank's ``tensor`` to every worker (into ``out``, default new)."""
     st = _st()
     if not 0 <= root_rank < st.cfg.num_workers:
-        raise FastPSError(f"broadcast root_rank {root_rank} is not a rank of this job "
-                          f"(size {st.cfg.num_workers})")
+        raise FastPSError(
+            f"broadcast root_rank {root_rank} is not a rank of this job (size {st.cfg.num_workers})"
+        )
     name = name or auto_name("broadcast")
     src = raw_buffer(tensor, f"tensor '{name}'")
     if out is None:

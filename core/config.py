@@ -228,6 +228,16 @@ class _Env:
             raise _bad(var, value, "must be >= 0")
         return result
 
+    def rate0(self, var: str) -> float:
+        """A link rate in Mbit/s that may be 0 or unset (meaning: not stated)."""
+        value = self.raw(var)
+        if value is None:
+            return 0.0
+        result = self.convert(var, value, float, "a rate in Mbit/s")
+        if not result >= 0 or result == float("inf"):
+            raise _bad(var, value, "must be a finite rate in Mbit/s >= 0")
+        return result
+
     def seconds(self, var: str, default: float) -> float:
         value = self.raw(var)
         if value is None:
@@ -257,6 +267,9 @@ class Config:
     credit_bytes: Optional[int] = None
     window_bytes: int = DEFAULT_WINDOW_BYTES
     notsent_lowat: int = DEFAULT_NOTSENT_LOWAT
+    # Every host's link rate in Mbit/s (FASTPS_LINK_MBIT); > 0 paces each flow at its
+    # share of it (placement.pacing_plan). 0: not stated, flows unpaced.
+    link_mbit: float = 0.0
     shm: bool = True
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
@@ -351,6 +364,7 @@ class Config:
             credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
+            link_mbit=e.rate0("FASTPS_LINK_MBIT"),
             shm=shm,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,

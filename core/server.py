@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
+from . import placement
 from .config import Config, format_addr
 from .control import ControlClient
 from .errors import FastPSError
@@ -105,6 +106,9 @@ def run_server(
         finally:
             state["registering"] = False
         log.info("%s serving %d workers on %s", me, len(membership.workers), data_addr)
+        if cfg.link_mbit > 0 and hasattr(srv, "set_pacing"):
+            _, server_rates = placement.membership_pacing(membership, cfg.link_mbit, cfg.shm)
+            srv.set_pacing([r / cfg.conns_per_server for r in server_rates[cfg.server_id]])
         code = _serve(srv, client, wake, state, me)
     except _Terminated as exc:
         code = 128 + exc.signum

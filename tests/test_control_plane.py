@@ -181,6 +181,8 @@ def test_config_defaults() -> None:
                             "FASTPS_PARTITION_BYTES": "1M", "FASTPS_WINDOW_BYTES": "0"})
     assert set_.part_sizes(["a", "b"]) == (1 << 20, 1 << 20)
     assert set_.window_bytes == 0
+    assert cfg.link_mbit == 0.0  # unstated: flows unpaced
+    assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.timeout, cfg.op_timeout) == (120.0, 300.0)
     assert (cfg.heartbeat_interval, cfg.heartbeat_timeout) == (1.0, 10.0)
@@ -227,6 +229,9 @@ def test_config_rank_fallbacks(
         ("FASTPS_JOB_ID", "a/b"),
         ("FASTPS_LOG_LEVEL", "LOUD"),
         ("FASTPS_CONNS_PER_SERVER", "0"),
+        ("FASTPS_LINK_MBIT", "1Gbit"),
+        ("FASTPS_LINK_MBIT", "-5"),
+        ("FASTPS_LINK_MBIT", "inf"),
     ],
 )
 def test_config_bad_values_name_the_variable(var: str, value: str) -> None:

@@ -9,7 +9,14 @@ import re
 import numpy as np
 import pytest
 from fastps import _core
-from fastps.placement import ServerSpot, optimal_time, parse_bandwidths, server_weights
+from fastps.placement import (
+    ANSWER_HEADROOM,
+    ServerSpot,
+    optimal_time,
+    pacing_plan,
+    parse_bandwidths,
+    server_weights,
+)
 from jobs import WORKERS, Job
 
 
@@ -109,3 +116,83 @@ def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
             shm_pushes[worker_hosts[wp.index]] += st["pushed_shm"]
         if w0 > 0:
             assert all(v > 0 for v in shm_pushes.values()), shm_pushes
+
+
+def _egress(worker_hosts, server_hosts, w_rates, s_rates):
+    """Bytes/s leaving each host under a pacing plan, answers without their headroom."""
+    out: dict = {}
+    for r, wh in enumerate(worker_hosts):
+        for s, sh in enumerate(server_hosts):
+            out[wh] = out.get(wh, 0.0) + w_rates[r][s]
+            out[sh] = out.get(sh, 0.0) + s_rates[s][r] / ANSWER_HEADROOM
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+@pytest.mark.parametrize("local", [1, 2])
+def test_pacing_fills_each_link_in_proportion_to_bytes(n: int, k: int, local: int) -> None:
+    worker_hosts = [f"w{i // local}" for i in range(n * local)]
+    servers = layout(n, k)[1]
+    server_hosts = [s.hostname for s in servers]
+    weights = server_weights([f"w{i}" for i in range(n)], servers)
+    w_rates, s_rates = pacing_plan(worker_hosts, server_hosts, weights, 1000.0)
+    link = 1000e6 / 8
+    for host, rate in _egress(worker_hosts, server_hosts, w_rates, s_rates).items():
+        if rate > 0:  # a colocated server with no share at k >= n sends nothing
+            assert rate == pytest.approx(link), host
+    for r, wh in enumerate(worker_hosts):
+        for s, sh in enumerate(server_hosts):
+            if sh == wh:
+                # Same host: shared memory or loopback, never paced.
+                assert w_rates[r][s] == 0 and s_rates[s][r] == 0
+            elif weights[s] > 0:
+                # Flows out of one host are in the ratio of their bytes.
+                ref = next(t for t, h in enumerate(server_hosts) if h != wh and weights[t] > 0)
+                assert w_rates[r][s] / w_rates[r][ref] == pytest.approx(weights[s] / weights[ref])
+
+
+def test_pacing_k1_gives_the_cpu_flow_twice_a_colocated_flow() -> None:
+    # n = 4, k = 1: colocated shares 1/6, the CPU server 1/3 (Eq. 1/2). Out of a worker host:
+    # 3 pushes of 1/6, 1 of 1/3 and 3 answers of 1/6 (4/3 in all) share 1000 Mbit/s.
+    workers, servers = layout(4, 1)
+    weights = server_weights(workers, servers)
+    w_rates, s_rates = pacing_plan(workers, [s.hostname for s in servers], weights, 1000.0)
+    mbit = [round(r * 8 / 1e6, 6) for r in w_rates[0]]
+    assert mbit == [0, 125, 125, 125, 250]
+    assert [round(r * 8 / 1e6, 6) for r in s_rates[4]] == [250 * ANSWER_HEADROOM] * 4
+    assert [round(r * 8 / 1e6, 6) for r in s_rates[0]] == [0] + [125 * ANSWER_HEADROOM] * 3
+
+
+def test_pacing_unstated_link_leaves_flows_unpaced_and_honours_host_rates() -> None:
+    workers, servers = layout(2, 1)
+    hosts = [s.hostname for s in servers]
+    weights = server_weights(workers, servers)
+    w_rates, s_rates = pacing_plan(workers, hosts, weights, 0.0)
+    assert all(r == 0 for row in w_rates + s_rates for r in row)
+    # A CPU host with a slower link: its answers share its own rate.
+    w_rates, s_rates = pacing_plan(workers, hosts, weights, 1000.0, {"c0": 400.0})
+    out = _egress(workers, hosts, w_rates, s_rates)
+    assert out["c0"] == pytest.approx(400e6 / 8) and out["w0"] == pytest.approx(1000e6 / 8)
+
+
+@pytest.mark.parametrize("link", ["40", "0"])
+def test_paced_flows_are_capped_and_sums_exact(link: str) -> None:
+    """Two emulated hosts on loopback: at a stated 40 Mbit/s link each flow is capped at its
+    share (2.5 MB/s here), so 4 MiB (2 MiB each way per host) takes at least ~0.8 s; with
+    no stated link the same transfer is not held back."""
+    nbytes = 4 << 20
+    with Job(2, 2, [os.path.join(WORKERS, "pacing_worker.py"), str(nbytes)],
+             env={"FASTPS_LINK_MBIT": link},
+             worker_hosts=["w0", "w1"], server_hosts=["w0", "w1"]) as job:
+        job.wait(60, job.workers())
+        times = []
+        for wp in job.workers():
+            assert wp.popen.returncode == 0, job.dump()
+            times.append(float(re.search(r"ELAPSED (\S+)", wp.output).group(1)))
+    # Each host pushes half the tensor to the other host's server at 1/2 of its link.
+    floor = (nbytes / 2) / (40e6 / 8 / 2)
+    if link == "0":
+        assert max(times) < floor, times
+    else:
+        assert min(times) > 0.7 * floor, times

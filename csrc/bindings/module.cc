@@ -66,7 +66,8 @@ PYBIND11_MODULE(_core, m) {
       .def("stop", &Server::stop, py::call_guard<py::gil_scoped_release>())
       .def("error", &Server::error)
       .def("parts_summed", &Server::parts_summed)
-      .def("refused_connections", &Server::refused_connections);
+      .def("refused_connections", &Server::refused_connections)
+      .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"));
 
   py::class_<Worker>(m, "Worker")
       .def(py::init([](uint32_t rank, uint32_t num_workers, std::vector<std::string> servers,
@@ -75,7 +76,7 @@ PYBIND11_MODULE(_core, m) {
                        double connect_timeout_s, std::vector<double> server_weights,
                        std::vector<uint32_t> local_ranks, std::vector<bool> local_servers,
                        uint32_t num_hosts, bool shm, size_t shm_bytes, size_t window_bytes,
-                       size_t notsent_lowat) {
+                       size_t notsent_lowat, std::vector<double> pacing_bytes_per_s) {
              WorkerOptions o;
              o.rank = rank;
              o.num_workers = num_workers;
@@ -94,6 +95,7 @@ PYBIND11_MODULE(_core, m) {
              o.shm_bytes = shm_bytes;
              o.window_bytes = window_bytes;
              o.notsent_lowat = notsent_lowat;
+             o.pacing_bytes_per_s = std::move(pacing_bytes_per_s);
              return std::make_unique<Worker>(o);
            }),
            py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
@@ -105,7 +107,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("local_servers") = std::vector<bool>{}, py::arg("num_hosts") = 0,
            py::arg("shm") = true, py::arg("shm_bytes") = size_t(256u << 20),
            py::arg("window_bytes") = size_t(1u << 20),
-           py::arg("notsent_lowat") = size_t(128u << 10))
+           py::arg("notsent_lowat") = size_t(128u << 10),
+           py::arg("pacing_bytes_per_s") = std::vector<double>{})
       .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
       .def(
           "push_pull",

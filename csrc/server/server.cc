@@ -89,11 +89,21 @@ void Server::accept_loop() {
     auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
       conns_.push_back(conn);
     }
     loops_[next_loop_++ % loops_.size()]->add(conn);
     LOG_DEBUG("server " << opts_.server_id << ": accepted " << desc.str() << " conn "
                         << peer.conn_index);
+  }
+}
+
+void Server::set_pacing(std::vector<double> per_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pacing_ = std::move(per_rank);
+  for (auto& c : conns_) {
+    uint32_t r = c->peer().rank;
+    set_pacing_rate(c->fd(), r < pacing_.size() ? pacing_[r] : 0.0);
   }
 }
 

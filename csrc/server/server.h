@@ -39,6 +39,9 @@ class Server : public FrameHandler {
   std::string error() const;
   uint64_t parts_summed() const;
   int refused_connections() const { return refused_.load(); }
+  // Caps the rate of the answers to each worker rank, bytes/s per rank (0:
+  // unpaced); applies to open connections and to those accepted later.
+  void set_pacing(std::vector<double> per_rank);
 
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
   void on_frame(Connection* c, const FrameHeader& h, void* payload) override;
@@ -64,6 +67,7 @@ class Server : public FrameHandler {
   std::unordered_map<uint32_t, std::shared_ptr<ShmSegment>> shm_;
   std::string error_;
   int next_loop_ = 0;
+  std::vector<double> pacing_;  // bytes/s per worker rank, guarded by mu_
 };
 
 }  // namespace fastps

@@ -63,6 +63,14 @@ void tune_socket(int fd, int notsent_lowat) {
     setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &notsent_lowat, sizeof(notsent_lowat));
 }
 
+void set_pacing_rate(int fd, double bytes_per_s) {
+  // The option takes an unsigned int; ~0U means unpaced, and rates past 4 GB/s
+  // are as good as unpaced.
+  unsigned int rate = ~0U;
+  if (bytes_per_s > 0 && bytes_per_s < 4.0e9) rate = static_cast<unsigned int>(bytes_per_s);
+  setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate));
+}
+
 static sockaddr_in resolve(const std::string& host, int port) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;

@@ -18,6 +18,11 @@ int unix_listen(const std::string& name);
 int unix_connect(const std::string& name, double timeout_s);
 void set_nonblocking(int fd, bool on);
 void tune_socket(int fd, int notsent_lowat = 0);
+// Caps the rate at which the kernel sends on fd (SO_MAX_PACING_RATE, bytes/s;
+// <= 0: no cap). Pacing each flow at its share of a host's link keeps the
+// link's queue short and splits it by the bytes each flow must carry rather
+// than evenly per connection.
+void set_pacing_rate(int fd, double bytes_per_s);
 // Reads/writes exactly len bytes on a blocking or non-blocking fd, waiting at
 // most timeout_s overall. Return false on timeout, EOF or error.
 bool read_full(int fd, void* buf, size_t len, double timeout_s);

@@ -46,6 +46,8 @@ class Connection {
   const Peer& peer() const { return peer_; }
   const std::string& desc() const { return desc_; }
   bool closed() const { return closed_.load(); }
+  // The socket, open for as long as this object lives (for socket options only).
+  int fd() const { return fd_; }
   // True when nothing is waiting to be written.
   bool idle() {
     std::lock_guard<std::mutex> lock(send_mu_);

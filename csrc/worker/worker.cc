@@ -91,6 +91,8 @@ void Worker::start() {
         ::close(fd);
         throw;
       }
+      if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0)
+        set_pacing_rate(fd, opts_.pacing_bytes_per_s[s] / opts_.conns_per_server);
       Peer p;
       p.rank = static_cast<uint32_t>(s);
       p.conn_index = static_cast<uint32_t>(k);
