@@ -101,11 +101,7 @@ def init(config: Optional[Config] = None) -> None:
                 num_servers=cfg.num_servers,
             )
             servers = [s.addr for s in membership.servers if s.addr]
-            weights = placement.server_weights(
-                [w.hostname for w in membership.workers],
-                [placement.ServerSpot(s.id, s.hostname) for s in membership.servers],
-                placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
-            )
+            weights = placement.membership_weights(membership)
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
             worker_rates, _ = placement.membership_pacing(membership, cfg.link_mbit, cfg.shm)
             pacing = worker_rates[cfg.rank]
@@ -240,11 +236,7 @@ def server_weights() -> List[float]:
     st = _st()
     if not st.membership:
         return []
-    return placement.server_weights(
-        [w.hostname for w in st.membership.workers],
-        [placement.ServerSpot(s.id, s.hostname) for s in st.membership.servers],
-        placement.parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
-    )
+    return placement.membership_weights(st.membership)
 
 
 def local_plan() -> Optional[str]:

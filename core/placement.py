@@ -179,20 +179,25 @@ def pacing_plan(
     return worker_rates, server_rates
 
 
+def membership_weights(membership: Any) -> List[float]:
+    """server_weights for a job's membership, with FASTPS_HOST_BANDWIDTHS: what every
+    process of the job computes the same way."""
+    return server_weights(
+        [w.hostname for w in membership.workers],
+        [ServerSpot(s.id, s.hostname) for s in membership.servers],
+        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+    )
+
+
 def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> tuple:
-    """pacing_plan for a job's membership (workers by rank, servers by id), with the
-    weights and FASTPS_HOST_BANDWIDTHS every process computes the same way."""
+    """pacing_plan for a job's membership: workers by rank, servers by id."""
     workers = sorted(membership.workers, key=lambda w: w.rank)
     servers = sorted(membership.servers, key=lambda s: s.id)
-    bandwidths = parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS"))
-    weights = server_weights(
-        [w.hostname for w in workers], [ServerSpot(s.id, s.hostname) for s in servers], bandwidths
-    )
     return pacing_plan(
         [w.hostname for w in workers],
         [s.hostname for s in servers],
-        weights,
+        membership_weights(membership),
         link_mbit,
-        bandwidths,
+        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
         local_reduce,
     )

@@ -43,7 +43,7 @@ struct WorkerOptions {
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
   size_t notsent_lowat = 128u << 10;
   // Rate cap per server, bytes/s, split over that server's connections
-  // (core/placement.py pacing_rates); empty or 0: unpaced.
+  // (core/placement.py pacing_plan); empty or 0: unpaced.
   std::vector<double> pacing_bytes_per_s;
   int conns_per_server = 1;
   double connect_timeout_s = 60.0;
