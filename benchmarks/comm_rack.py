@@ -8,7 +8,8 @@ first, the first layer with the highest priority). Systems, measured in the same
 same rack:
 
 - fastps: scheduler on w0, one server on every worker host and one on each CPU host
-  (BytePS topology, num_servers = n + k), ``push_pull_async`` on every tensor;
+  (BytePS topology, num_servers = n + k), every tensor started by one
+  ``grouped_push_pull_async`` (``--submit each``: one ``push_pull_async`` per tensor);
 - Gloo: torch.distributed all_reduce over 25 MiB buckets (what DDP does); k has no meaning
   for it: it is measured once per n and shown at every k;
 - MXNet: the dist_sync KVStore (ps-lite) with its scheduler and servers where fastps has
@@ -84,11 +85,17 @@ def child_fastps(args: argparse.Namespace) -> None:
         fastps.barrier()
         w0 = time.time()
         t0 = time.perf_counter()
-        handles = [
-            fastps.push_pull_async(grads[i], average=False, name=sizes[i][0], priority=-i,
-                                   out=grads[i])
-            for i in reversed(range(len(grads)))
-        ]
+        order = list(reversed(range(len(grads))))  # backward order: last layer first
+        if args.submit == "group":
+            handles = fastps.grouped_push_pull_async(
+                [grads[i] for i in order], average=False, names=[sizes[i][0] for i in order],
+                priorities=[-i for i in order], outs=[grads[i] for i in order])
+        else:
+            handles = [
+                fastps.push_pull_async(grads[i], average=False, name=sizes[i][0], priority=-i,
+                                       out=grads[i])
+                for i in order
+            ]
         for h in handles:
             h.synchronize()
         dt = time.perf_counter() - t0
@@ -203,7 +210,7 @@ def _child_argv(python: str, system: str, args: argparse.Namespace, model: str) 
     return [python, "-m", "benchmarks.comm_rack", "--child", system, "--model", model,
             "--scale", str(args.scale), "--iters", str(args.iters), "--warmup",
             str(args.warmup), "--bucket-mb", str(args.bucket_mb), "--op-timeout",
-            str(int(args.run_timeout))]
+            str(int(args.run_timeout)), "--submit", args.submit]
 
 
 def _collect(out_dir: Path, n: int) -> Tuple[Optional[List[float]], str]:
@@ -431,6 +438,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="fraction of every gradient tensor to move (0 < scale <= 1)")
     p.add_argument("--bucket-mb", type=int, default=25,
                    help="Gloo all_reduce bucket size in MiB, as DDP (0: one call per tensor)")
+    p.add_argument("--submit", choices=["group", "each"], default="group",
+                   help="fastps: start all tensors in one grouped_push_pull_async (group) or "
+                        "one push_pull_async per tensor (each)")
     p.add_argument("--fastps-env", nargs="*", default=[],
                    help="extra FASTPS_NAME=value settings for every fastps process")
     p.add_argument("--run-timeout", type=float, default=300.0,

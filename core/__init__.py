@@ -15,14 +15,16 @@ __version__ = "0.1.0"
 _API = {
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "num_servers", "push_pull", "push_pull_async", "broadcast",
-    "broadcast_async", "barrier", "poll", "synchronize", "Handle",
+    "broadcast_async", "barrier", "poll", "synchronize", "Handle", "grouped_push_pull",
+    "grouped_push_pull_async", "submission_batch",
 }
 
 __all__ = [
     "FastPSAbort", "FastPSError", "FastPSTimeoutError", "Handle", "__version__", "barrier",
-    "broadcast", "broadcast_async", "cross_rank", "cross_size", "init", "is_initialized",
+    "broadcast", "broadcast_async", "cross_rank", "cross_size", "grouped_push_pull",
+    "grouped_push_pull_async", "init", "is_initialized",
     "local_rank", "local_size", "num_servers", "poll", "push_pull", "push_pull_async", "rank",
-    "shutdown", "size", "synchronize",
+    "shutdown", "size", "submission_batch", "synchronize",
 ]
 
 

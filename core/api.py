@@ -8,13 +8,14 @@ is bounded by ``FASTPS_OP_TIMEOUT``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -262,24 +263,38 @@ def num_servers() -> int:
 class Handle:
     """A running push_pull. ``synchronize()`` waits and returns the output."""
 
-    def __init__(self, st: _State, hid: int, name: str, out: Any, keep: Sequence[Any]) -> None:
+    def __init__(
+        self, st: _State, hid: Optional[int], name: str, out: Any, keep: Sequence[Any]
+    ) -> None:
         self._st = st
-        self._id = hid
+        self._id = hid  # None while it waits in a submission batch
         self.name = name
         self._out = out
         self._keep = list(keep)
         self._done = False
+        self._batch: Optional[_Batch] = None
+        self._error: Optional[BaseException] = None
+
+    def _started(self) -> int:
+        """The core's handle id, starting this handle's batch now if it has not started."""
+        if self._id is None and self._batch is not None:
+            self._batch.flush()
+        if self._error is not None:
+            raise self._error
+        assert self._id is not None
+        return self._id
 
     def poll(self) -> bool:
         if self._done:
             return True
-        return bool(self._st.worker.poll(self._id))
+        return bool(self._st.worker.poll(self._started()))
 
     def synchronize(self, timeout: Optional[float] = None) -> Any:
         if not self._done:
+            hid = self._started()
             self._done = True
             try:
-                self._st.worker.wait(self._id, timeout or self._st.cfg.op_timeout)
+                self._st.worker.wait(hid, timeout or self._st.cfg.op_timeout)
             except RuntimeError as exc:
                 raise _explain(self._st, str(exc)) from None
             finally:
@@ -290,11 +305,84 @@ class Handle:
 
     def __del__(self) -> None:
         # The core may still write into the memory this handle keeps alive.
-        if not self._done and _state is self._st:
+        if not self._done and self._id is not None and _state is self._st:
             try:
                 self.synchronize()
             except Exception:  # noqa: BLE001 - nobody can receive it any more
                 pass
+
+
+class _Batch:
+    """push_pulls collected by :func:`submission_batch`, started by one core call."""
+
+    def __init__(self, st: _State) -> None:
+        self.st = st
+        self.rows: List[Tuple[int, int, int, str, str, int, float]] = []
+        self.handles: List[Handle] = []
+        self.names: Dict[str, int] = {}
+
+    def add(self, row: Tuple[int, int, int, str, str, int, float], handle: Handle) -> None:
+        name = row[4]
+        if name in self.names:
+            raise FastPSError(
+                f"tensor '{name}' appears twice in one submission batch (positions "
+                f"{self.names[name]} and {len(self.rows)}); give each tensor its own name"
+            )
+        self.names[name] = len(self.rows)
+        handle._batch = self
+        self.rows.append(row)
+        self.handles.append(handle)
+
+    def discard(self, why: str) -> None:
+        """Starts nothing: the block that collected these raised."""
+        err = FastPSError(f"not started: the submission batch it was part of raised ({why})")
+        for h in self.handles:
+            h._error, h._batch = err, None
+        self.rows, self.handles, self.names = [], [], {}
+
+    def flush(self) -> None:
+        rows, handles = self.rows, self.handles
+        self.rows, self.handles, self.names = [], [], {}
+        if not rows:
+            return
+        try:
+            ids = self.st.worker.push_pull_group(rows)
+        except (RuntimeError, ValueError) as exc:
+            err = _explain(self.st, str(exc))
+            for h in handles:
+                h._error, h._batch = err, None
+            raise err from None
+        for h, hid in zip(handles, ids):
+            h._id, h._batch = hid, None
+
+
+_batching = threading.local()
+
+
+@contextlib.contextmanager
+def submission_batch() -> Iterator[None]:
+    """push_pulls started by this thread inside the block start together when it ends.
+
+    Their parts enter the push queues in one step, ordered by priority, so every worker
+    pushes them in the same order from the first byte on and the start costs one call into
+    the core instead of one per tensor (Horovod's grouped allreduce). All or none start: a
+    bad request (a name already in flight, a core error) or an exception inside the block
+    fails every handle of the batch. Synchronizing a handle inside the block starts what
+    was collected so far. Nested blocks join the outermost.
+    """
+    if getattr(_batching, "batch", None) is not None:
+        yield
+        return
+    batch = _Batch(_st())
+    _batching.batch = batch
+    try:
+        yield
+    except BaseException as exc:
+        batch.discard(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        _batching.batch = None
+    batch.flush()
 
 
 def _explain(st: _State, msg: str) -> FastPSError:
@@ -346,6 +434,12 @@ def push_pull_raw(
             f"{in_buf.dtype}{list(in_buf.shape)}"
         )
     _declare(st, name, in_buf)
+    batch: Optional[_Batch] = getattr(_batching, "batch", None)
+    if batch is not None and batch.st is st:
+        handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])
+        batch.add((in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority),
+                   float(scale)), handle)
+        return handle
     try:
         hid = st.worker.push_pull(
             in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority), float(scale)
@@ -374,7 +468,10 @@ def push_pull_async(
     src = raw_buffer(tensor, f"tensor '{name}'", dtype=dtype)
     if out is None:
         out = np.empty(src.shape, dtype=src.owner.dtype)
-    dst = raw_buffer(out, f"output of tensor '{name}'", writable=True, dtype=dtype)
+    if out is tensor and src.owner.flags.writeable:
+        dst = src  # in place: one view serves both
+    else:
+        dst = raw_buffer(out, f"output of tensor '{name}'", writable=True, dtype=dtype)
     scale = 1.0 / st.cfg.num_workers if average else 1.0
     return push_pull_raw(src, dst, name, priority, scale, out=out)
 
@@ -389,6 +486,47 @@ def push_pull(
 ) -> Any:
     """Sums (or averages) ``tensor`` over all workers and returns the result."""
     return push_pull_async(tensor, average, name, priority, out, dtype).synchronize()
+
+
+def grouped_push_pull_async(
+    tensors: Sequence[Any],
+    average: bool = True,
+    names: Optional[Sequence[str]] = None,
+    priorities: Optional[Sequence[int]] = None,
+    outs: Optional[Sequence[Any]] = None,
+) -> List[Handle]:
+    """Starts a push_pull per tensor, all at once (:func:`submission_batch`).
+
+    ``names``, ``priorities`` and ``outs`` give one entry per tensor when present (an
+    ``outs`` entry of None allocates). Returns the handles in the order of ``tensors``.
+    """
+    count = len(tensors)
+    for what, seq in (("names", names), ("priorities", priorities), ("outs", outs)):
+        if seq is not None and len(seq) != count:
+            raise FastPSError(f"grouped push_pull: {len(seq)} {what} for {count} tensors")
+    with submission_batch():
+        return [
+            push_pull_async(
+                t,
+                average,
+                name=None if names is None else names[i],
+                priority=0 if priorities is None else int(priorities[i]),
+                out=None if outs is None else outs[i],
+            )
+            for i, t in enumerate(tensors)
+        ]
+
+
+def grouped_push_pull(
+    tensors: Sequence[Any],
+    average: bool = True,
+    names: Optional[Sequence[str]] = None,
+    priorities: Optional[Sequence[int]] = None,
+    outs: Optional[Sequence[Any]] = None,
+) -> List[Any]:
+    """Sums (or averages) every tensor over all workers; returns the outputs in order."""
+    handles = grouped_push_pull_async(tensors, average, names, priorities, outs)
+    return [h.synchronize() for h in handles]
 
 
 def synchronize(handle: Handle) -> Any:

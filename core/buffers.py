@@ -34,6 +34,24 @@ _ITEMSIZE_OF = {"bfloat16": "uint16"}
 _NAME_OF: Dict[np.dtype, str] = {}
 
 
+def _ctypes_address(arr: np.ndarray) -> int:
+    return int(arr.ctypes.data)
+
+
+try:  # the core reads the address through the buffer protocol, ~15x cheaper than ctypes
+    from ._core import buffer_address as _buffer_address  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - only without a built core (launcher, scheduler)
+    _buffer_address = _ctypes_address
+
+
+def address_of(arr: np.ndarray) -> int:
+    """The address of a contiguous array's first byte."""
+    try:
+        return int(_buffer_address(arr))
+    except (BufferError, ValueError, TypeError):  # a dtype without a buffer format
+        return _ctypes_address(arr)
+
+
 @dataclass
 class RawBuffer:
     """A contiguous region of host memory plus what it holds."""
@@ -87,4 +105,4 @@ def raw_buffer(
         raise FastPSError(f"{what}: dtype {name} is not supported (supported: {SUPPORTED_DTYPES})")
     if writable and not arr.flags.writeable:
         raise FastPSError(f"{what}: output array is read-only")
-    return RawBuffer(int(arr.ctypes.data), int(arr.nbytes), name, tuple(arr.shape), arr)
+    return RawBuffer(address_of(arr), int(arr.nbytes), name, tuple(arr.shape), arr)

@@ -146,97 +146,148 @@ std::vector<std::tuple<size_t, size_t, uint32_t>> Worker::part_layout(const std:
 
 int64_t Worker::push_pull(const void* in, void* out, size_t nbytes, DType dt,
                           const std::string& name, int priority, double scale) {
+  PushPullRequest r;
+  r.in = in;
+  r.out = out;
+  r.nbytes = nbytes;
+  r.dtype = dt;
+  r.name = name;
+  r.priority = priority;
+  r.scale = scale;
+  return push_pull_group({r}).front();
+}
+
+std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>& reqs) {
   {
     std::lock_guard<std::mutex> lock(err_mu_);
     if (!error_.empty()) throw std::runtime_error(error_);
   }
-  size_t elem = dtype_size(dt);
-  if (nbytes % elem != 0)
-    throw std::invalid_argument("tensor '" + name + "': " + std::to_string(nbytes) +
-                                " bytes is not a whole number of " + dtype_name(dt) +
-                                " elements");
-  auto h = std::make_shared<Handle>();
-  h->tensor = registry_.begin(name);
-  h->in = static_cast<const char*>(in);
-  h->out = static_cast<char*>(out);
-  h->nbytes = nbytes;
-  h->dtype = dt;
-  h->scale = scale;
-  h->priority = priority;
+  for (auto& r : reqs) {
+    size_t elem = dtype_size(r.dtype);
+    if (r.nbytes % elem != 0)
+      throw std::invalid_argument("tensor '" + r.name + "': " + std::to_string(r.nbytes) +
+                                  " bytes is not a whole number of " + dtype_name(r.dtype) +
+                                  " elements");
+  }
+  // Mark every name busy first; a clash (a name in flight, twice in the group)
+  // undoes the others, so a bad group starts nothing.
+  std::vector<TensorEntry*> entries;
+  entries.reserve(reqs.size());
+  try {
+    for (auto& r : reqs) entries.push_back(registry_.begin(r.name));
+  } catch (...) {
+    for (auto* e : entries) registry_.finish(e, false);
+    throw;
+  }
+  std::vector<std::shared_ptr<Handle>> hs;
+  hs.reserve(reqs.size());
+  std::vector<int64_t> ids;
+  ids.reserve(reqs.size());
   {
     std::lock_guard<std::mutex> lock(handles_mu_);
-    h->id = next_handle_++;
-    handles_[h->id] = h;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const PushPullRequest& r = reqs[i];
+      auto h = std::make_shared<Handle>();
+      h->tensor = entries[i];
+      h->in = static_cast<const char*>(r.in);
+      h->out = static_cast<char*>(r.out);
+      h->nbytes = r.nbytes;
+      h->dtype = r.dtype;
+      h->scale = r.scale;
+      h->priority = r.priority;
+      h->id = next_handle_++;
+      handles_[h->id] = h;
+      ids.push_back(h->id);
+      hs.push_back(std::move(h));
+    }
   }
-  if (opts_.servers.empty()) {
-    // Single worker, no servers: the sum is the input itself.
-    if (out != in && nbytes) std::memmove(out, in, nbytes);
-    if (scale != 1.0) fastps::scale(out, nbytes / elem, dt, scale);
-    registry_.finish(h->tensor, true);
-    h->finish("");
-    return h->id;
-  }
-  h->parts = partitioner_.split(h->tensor->id, nbytes, elem);
-  h->remaining = static_cast<uint32_t>(h->parts.size());
-  if (h->parts.empty()) {
-    registry_.finish(h->tensor, true);
-    h->finish("");
-    return h->id;
+  // Handles with parts to move; the others finish here.
+  std::vector<std::shared_ptr<Handle>> moving;
+  moving.reserve(hs.size());
+  for (auto& h : hs) {
+    size_t elem = dtype_size(h->dtype);
+    if (opts_.servers.empty()) {
+      // Single worker, no servers: the sum is the input itself.
+      if (h->out != h->in && h->nbytes) std::memmove(h->out, h->in, h->nbytes);
+      if (h->scale != 1.0) fastps::scale(h->out, h->nbytes / elem, h->dtype, h->scale);
+      registry_.finish(h->tensor, true);
+      h->finish("");
+      continue;
+    }
+    h->parts = partitioner_.split(h->tensor->id, h->nbytes, elem);
+    h->remaining = static_cast<uint32_t>(h->parts.size());
+    if (h->parts.empty()) {
+      registry_.finish(h->tensor, true);
+      h->finish("");
+      continue;
+    }
+    moving.push_back(h);
   }
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
-    auto failed = failed_tensors_.find(h->tensor->id);
-    if (failed != failed_tensors_.end()) {
-      registry_.finish(h->tensor, false);
-      h->finish(failed->second);
-      return h->id;
-    }
-    for (auto& p : h->parts) {
-      PartTask t{h, p, 0, true, {}, {}, false};
-      if (local_reduce_) t.owned = local_->owner(h->tensor->id, p.index) == opts_.rank;
-      pending_[part_key(h->tensor->id, p.index)] = t;
-    }
-  }
-  if (local_reduce_) {
-    for (auto& p : h->parts) {
-      PartTask t{h, p, 0, true, {}, {}, false};
-      if (local_->owner(h->tensor->id, p.index) != opts_.rank) {
-        t.owned = false;
-        post_local(priority, [this, t] { contribute(t); });
+    size_t kept = 0;
+    for (auto& h : moving) {
+      auto failed = failed_tensors_.find(h->tensor->id);
+      if (failed != failed_tensors_.end()) {
+        registry_.finish(h->tensor, false);
+        h->finish(failed->second);
         continue;
       }
-      // Register as the owner; contributions may already be waiting.
-      OwnerState ready;
-      std::string bad;
-      {
-        std::lock_guard<std::mutex> lock(own_mu_);
-        OwnerState& st = owned_[part_key(h->tensor->id, p.index)];
-        st.have_task = true;
-        st.task = t;
-        for (auto& c : st.got)
-          if (bad.empty()) bad = check_contribution(t, c.hdr);
-        if (bad.empty() && st.got.size() + 1 == local_->size()) {
-          ready = std::move(st);
-          owned_.erase(part_key(h->tensor->id, p.index));
-        }
+      for (auto& p : h->parts) {
+        PartTask t{h, p, 0, true, {}, {}, false};
+        if (local_reduce_) t.owned = local_->owner(h->tensor->id, p.index) == opts_.rank;
+        pending_[part_key(h->tensor->id, p.index)] = t;
       }
-      if (!bad.empty()) {
-        fail_tensor(h->tensor->id, bad, true);
-        break;
-      }
-      if (ready.have_task)
-        post_local(priority, [this, st = std::make_shared<OwnerState>(std::move(ready))] {
-          reduce_owned(std::move(*st));
-        });
+      moving[kept++] = h;
     }
-    return h->id;
+    moving.resize(kept);
+  }
+  if (local_reduce_) {
+    for (auto& h : moving) start_local_reduce(h);
+    return ids;
   }
   {
     std::lock_guard<std::mutex> lock(q_mu_);
-    for (auto& p : h->parts) queues_[p.server].push(PartTask{h, p, seq_++, true, {}, {}, false});
+    for (auto& h : moving)
+      for (auto& p : h->parts) queues_[p.server].push(PartTask{h, p, seq_++, true, {}, {}, false});
   }
   q_cv_.notify_one();
-  return h->id;
+  return ids;
+}
+
+// Local reduce: hands the parts this worker does not own to their local owners
+// and registers as the owner of the rest (contributions may already be waiting).
+void Worker::start_local_reduce(const std::shared_ptr<Handle>& h) {
+  for (auto& p : h->parts) {
+    PartTask t{h, p, 0, true, {}, {}, false};
+    if (local_->owner(h->tensor->id, p.index) != opts_.rank) {
+      t.owned = false;
+      post_local(h->priority, [this, t] { contribute(t); });
+      continue;
+    }
+    OwnerState ready;
+    std::string bad;
+    {
+      std::lock_guard<std::mutex> lock(own_mu_);
+      OwnerState& st = owned_[part_key(h->tensor->id, p.index)];
+      st.have_task = true;
+      st.task = t;
+      for (auto& c : st.got)
+        if (bad.empty()) bad = check_contribution(t, c.hdr);
+      if (bad.empty() && st.got.size() + 1 == local_->size()) {
+        ready = std::move(st);
+        owned_.erase(part_key(h->tensor->id, p.index));
+      }
+    }
+    if (!bad.empty()) {
+      fail_tensor(h->tensor->id, bad, true);
+      return;
+    }
+    if (ready.have_task)
+      post_local(h->priority, [this, st = std::make_shared<OwnerState>(std::move(ready))] {
+        reduce_owned(std::move(*st));
+      });
+  }
 }
 
 // Two limits per server keep the pushes in priority order and the workers in step:

@@ -58,6 +58,17 @@ struct WorkerOptions {
   size_t shm_bytes = 256u << 20;
 };
 
+// One tensor of a push_pull_group.
+struct PushPullRequest {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t nbytes = 0;
+  DType dtype = DType::kFloat32;
+  std::string name;
+  int priority = 0;
+  double scale = 1.0;
+};
+
 class Worker : public FrameHandler {
  public:
   explicit Worker(WorkerOptions opts);
@@ -67,6 +78,10 @@ class Worker : public FrameHandler {
   // multiplied by scale. Memory must stay valid until the handle completes.
   int64_t push_pull(const void* in, void* out, size_t nbytes, DType dt, const std::string& name,
                     int priority, double scale);
+  // Starts several push_pulls at once: all or none start (a bad request starts
+  // nothing), and their parts enter the push queues together, so every worker
+  // pushes them in one urgency order from the first byte on. Handle ids in order.
+  std::vector<int64_t> push_pull_group(const std::vector<PushPullRequest>& reqs);
   bool poll(int64_t handle);
   // Waits, releases the handle, throws std::runtime_error on failure/timeout.
   void wait(int64_t handle, double timeout_s);
@@ -95,6 +110,7 @@ class Worker : public FrameHandler {
   void on_close(Connection* c, bool clean, const std::string& reason) override;
 
  private:
+  void start_local_reduce(const std::shared_ptr<Handle>& h);
   struct PartTask {
     std::shared_ptr<Handle> handle;
     PartSpan span;

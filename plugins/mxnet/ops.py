@@ -248,10 +248,12 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: bool = True,
                       postscale_factor: float = 1.0) -> List[NDArray]:
     """Allreduces several tensors at once (all in flight together); new NDArrays."""
     base = name or _api.auto_name("grouped_allreduce")
-    handles = [
-        push_pull_async(t, average, f"{base}.{i}", priority, prescale_factor, postscale_factor)
-        for i, t in enumerate(tensors)
-    ]
+    with _api.submission_batch():
+        handles = [
+            push_pull_async(t, average, f"{base}.{i}", priority, prescale_factor,
+                            postscale_factor)
+            for i, t in enumerate(tensors)
+        ]
     return [h.synchronize() for h in handles]
 
 
@@ -261,10 +263,12 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: bool = True,
                        postscale_factor: float = 1.0) -> List[NDArray]:
     """In-place :func:`grouped_allreduce`."""
     base = name or _api.auto_name("grouped_allreduce")
-    handles = [
-        push_pull_async_(t, average, f"{base}.{i}", priority, prescale_factor, postscale_factor)
-        for i, t in enumerate(tensors)
-    ]
+    with _api.submission_batch():
+        handles = [
+            push_pull_async_(t, average, f"{base}.{i}", priority, prescale_factor,
+                            postscale_factor)
+            for i, t in enumerate(tensors)
+        ]
     return [h.synchronize() for h in handles]
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import fastps
 import torch
-from fastps.api import auto_name
+from fastps.api import auto_name, submission_batch
 from fastps.errors import FastPSError
 
 from .compression import Compression
@@ -410,10 +410,12 @@ def grouped_allreduce_async(
     """Starts one allreduce per tensor; the handle's result is the list of outputs."""
     _check_process_set(process_set)
     rop = _resolve_op(op, average)
-    handles = [
-        _allreduce_start(t, False, n, rop, prescale_factor, postscale_factor, compression, 0)
-        for t, n in zip(tensors, _group_names(name, len(tensors)))
-    ]
+    with submission_batch():  # every worker queues the whole group in one step
+        handles = [
+            _allreduce_start(t, False, n, rop, prescale_factor, postscale_factor,
+                             compression, 0)
+            for t, n in zip(tensors, _group_names(name, len(tensors)))
+        ]
     return _group(name or "grouped_allreduce", handles)
 
 
@@ -429,10 +431,12 @@ def grouped_allreduce_async_(
 ) -> Handle:
     _check_process_set(process_set)
     rop = _resolve_op(op, average)
-    handles = [
-        _allreduce_start(t, True, n, rop, prescale_factor, postscale_factor, compression, 0)
-        for t, n in zip(tensors, _group_names(name, len(tensors)))
-    ]
+    with submission_batch():  # every worker queues the whole group in one step
+        handles = [
+            _allreduce_start(t, True, n, rop, prescale_factor, postscale_factor,
+                             compression, 0)
+            for t, n in zip(tensors, _group_names(name, len(tensors)))
+        ]
     return _group(name or "grouped_allreduce", handles)
 
 
