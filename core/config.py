@@ -39,11 +39,13 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-# Parts and the per-server credit: large when every process shares one host (shared
-# memory; fewer, bigger parts cost less CPU), small across a network, where a part
-# is answered only once every worker's copy crossed a link, so small parts start
-# the results flowing sooner (docs/benchmarks.md, rack sweep). None: chosen at init.
-LOCAL_PARTITION_BYTES = 4 * MiB
+# Parts and the per-server credit. On one host (shared memory) the work is memory-bound:
+# a 1 MiB part is still in cache when the next stage (the owner's sum, the copies out)
+# reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/benchmarks.md §1).
+# Across a network a part is answered only once every worker's copy crossed a link, so
+# small parts start the results flowing sooner (docs/benchmarks.md, rack sweep).
+# None: chosen at init.
+LOCAL_PARTITION_BYTES = 1 * MiB
 NETWORK_PARTITION_BYTES = 256 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection

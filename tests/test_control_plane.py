@@ -174,7 +174,7 @@ def test_config_defaults() -> None:
     assert cfg.scheduler_addr == ("127.0.0.1", 1234)
     assert (cfg.num_workers, cfg.num_servers, cfg.rank) == (1, 1, 0)
     assert cfg.partition_bytes is None and cfg.credit_bytes is None
-    assert cfg.part_sizes(["a", "a"]) == (4 << 20, 4 << 20)
+    assert cfg.part_sizes(["a", "a"]) == (1 << 20, 1 << 20)
     assert cfg.part_sizes(["a", "b"]) == (256 << 10, 256 << 10)
     assert (cfg.window_bytes, cfg.notsent_lowat) == (1 << 20, 128 << 10)
     set_ = Config.from_env({"FASTPS_SCHEDULER_ADDR": "127.0.0.1:1234",

@@ -689,6 +689,18 @@ void Worker::reduce_owned(OwnerState st) {
   t.stage = acc;
   set_stage(part_key(h.tensor->id, t.span.index), acc, false);
   stats_.reduced_locally++;
+  if (opts_.num_hosts == 1) {
+    // Every worker is on this host: the local sum is the total, and a server
+    // would only echo it back. Hand it to the local peers straight away.
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(part_key(h.tensor->id, t.span.index));
+      if (it == pending_.end()) return;  // failed meanwhile
+      pending_.erase(it);
+    }
+    broadcast_result(t);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     t.seq = seq_++;
