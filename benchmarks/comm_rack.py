@@ -293,9 +293,8 @@ class Runner:
         with tempfile.TemporaryDirectory(prefix=f"comm-{system}-") as tmp:
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
-                # The link rate a user states for their NICs: fastps paces each flow at
-                # its share of it (--fastps-env FASTPS_LINK_MBIT=0 turns that off).
-                env["FASTPS_LINK_MBIT"] = f"{args.rate:g}"
+                # Defaults: each process reads its host's link rate (the htb class here)
+                # and paces its flows (--fastps-env FASTPS_LINK_MBIT=0 turns that off).
                 env.update(args.fastps_env)
                 launch = rc.start_fastps(self.rack, n, k, argv, port, env,
                                          timeout_s=args.run_timeout, label=f"fps{port}")

@@ -340,8 +340,7 @@ class Trainer:
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
                 launch = rc.start_fastps(rack, n, k, self.argv("fastps", model), self.port,
-                                         {**env, "FASTPS_LINK_MBIT": f"{rate:g}",
-                                          **self.args.fastps_env},
+                                         {**env, **self.args.fastps_env},
                                          timeout_s=self.args.run_timeout,
                                          label=f"fps{self.port}")
             else:

@@ -24,6 +24,7 @@ from .buffers import RawBuffer, raw_buffer
 from .config import Config
 from .control import ControlClient, Membership
 from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
+from .linkspeed import link_mbit_for
 
 log = logging.getLogger("fastps.worker")
 
@@ -104,7 +105,9 @@ def init(config: Optional[Config] = None) -> None:
             servers = [s.addr for s in membership.servers if s.addr]
             weights = placement.membership_weights(membership)
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
-            worker_rates, _ = placement.membership_pacing(membership, cfg.link_mbit, cfg.shm)
+            link, how = link_mbit_for(cfg.link_mbit, cfg.host)
+            log.debug("worker %d: link %.0f Mbit/s (%s)", cfg.rank, link, how)
+            worker_rates, _ = placement.membership_pacing(membership, link, cfg.shm)
             pacing = worker_rates[cfg.rank]
             hosts = [w.hostname for w in membership.workers]
             hosts += [s.hostname for s in membership.servers]

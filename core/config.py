@@ -240,6 +240,13 @@ class _Env:
             raise _bad(var, value, "must be a finite rate in Mbit/s >= 0")
         return result
 
+    def rate_or_auto(self, var: str) -> Optional[float]:
+        """A link rate in Mbit/s (0: off), or None for "auto" or unset."""
+        value = self.raw(var)
+        if value is None or value.strip().lower() == "auto":
+            return None
+        return self.rate0(var)
+
     def seconds(self, var: str, default: float) -> float:
         value = self.raw(var)
         if value is None:
@@ -270,8 +277,9 @@ class Config:
     window_bytes: int = DEFAULT_WINDOW_BYTES
     notsent_lowat: int = DEFAULT_NOTSENT_LOWAT
     # Every host's link rate in Mbit/s (FASTPS_LINK_MBIT); > 0 paces each flow at its
-    # share of it (placement.pacing_plan). 0: not stated, flows unpaced.
-    link_mbit: float = 0.0
+    # share of it (placement.pacing_plan), 0 leaves flows unpaced, None ("auto", the
+    # default): each process reads its own host's rate (core/linkspeed.py).
+    link_mbit: Optional[float] = None
     shm: bool = True
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
@@ -366,7 +374,7 @@ class Config:
             credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
-            link_mbit=e.rate0("FASTPS_LINK_MBIT"),
+            link_mbit=e.rate_or_auto("FASTPS_LINK_MBIT"),
             shm=shm,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,

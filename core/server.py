@@ -22,6 +22,7 @@ from . import placement
 from .config import Config, format_addr
 from .control import ControlClient
 from .errors import FastPSError
+from .linkspeed import link_mbit_for
 
 __all__ = ["main", "run_server"]
 
@@ -106,8 +107,10 @@ def run_server(
         finally:
             state["registering"] = False
         log.info("%s serving %d workers on %s", me, len(membership.workers), data_addr)
-        if cfg.link_mbit > 0 and hasattr(srv, "set_pacing"):
-            _, server_rates = placement.membership_pacing(membership, cfg.link_mbit, cfg.shm)
+        link, how = link_mbit_for(cfg.link_mbit, cfg.host)
+        log.debug("%s: link %.0f Mbit/s (%s)", me, link, how)
+        if link > 0 and hasattr(srv, "set_pacing"):
+            _, server_rates = placement.membership_pacing(membership, link, cfg.shm)
             srv.set_pacing([r / cfg.conns_per_server for r in server_rates[cfg.server_id]])
         code = _serve(srv, client, wake, state, me)
     except _Terminated as exc:

@@ -181,7 +181,7 @@ def test_config_defaults() -> None:
                             "FASTPS_PARTITION_BYTES": "1M", "FASTPS_WINDOW_BYTES": "0"})
     assert set_.part_sizes(["a", "b"]) == (1 << 20, 1 << 20)
     assert set_.window_bytes == 0
-    assert cfg.link_mbit == 0.0  # unstated: flows unpaced
+    assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
     assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.timeout, cfg.op_timeout) == (120.0, 300.0)
