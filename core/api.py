@@ -323,40 +323,46 @@ class _Batch:
         self.rows: List[Tuple[int, int, int, str, str, int, float]] = []
         self.handles: List[Handle] = []
         self.names: Dict[str, int] = {}
+        # Another thread may synchronize a handle of this batch (and so start it) while
+        # the collecting thread still adds to it.
+        self.lock = threading.Lock()
 
     def add(self, row: Tuple[int, int, int, str, str, int, float], handle: Handle) -> None:
         name = row[4]
-        if name in self.names:
-            raise FastPSError(
-                f"tensor '{name}' appears twice in one submission batch (positions "
-                f"{self.names[name]} and {len(self.rows)}); give each tensor its own name"
-            )
-        self.names[name] = len(self.rows)
-        handle._batch = self
-        self.rows.append(row)
-        self.handles.append(handle)
+        with self.lock:
+            if name in self.names:
+                raise FastPSError(
+                    f"tensor '{name}' appears twice in one submission batch (positions "
+                    f"{self.names[name]} and {len(self.rows)}); give each tensor its own name"
+                )
+            self.names[name] = len(self.rows)
+            handle._batch = self
+            self.rows.append(row)
+            self.handles.append(handle)
 
     def discard(self, why: str) -> None:
         """Starts nothing: the block that collected these raised."""
         err = FastPSError(f"not started: the submission batch it was part of raised ({why})")
-        for h in self.handles:
-            h._error, h._batch = err, None
-        self.rows, self.handles, self.names = [], [], {}
+        with self.lock:
+            for h in self.handles:
+                h._error, h._batch = err, None
+            self.rows, self.handles, self.names = [], [], {}
 
     def flush(self) -> None:
-        rows, handles = self.rows, self.handles
-        self.rows, self.handles, self.names = [], [], {}
-        if not rows:
-            return
-        try:
-            ids = self.st.worker.push_pull_group(rows)
-        except (RuntimeError, ValueError) as exc:
-            err = _explain(self.st, str(exc))
-            for h in handles:
-                h._error, h._batch = err, None
-            raise err from None
-        for h, hid in zip(handles, ids):
-            h._id, h._batch = hid, None
+        with self.lock:
+            rows, handles = self.rows, self.handles
+            self.rows, self.handles, self.names = [], [], {}
+            if not rows:
+                return
+            try:
+                ids = self.st.worker.push_pull_group(rows)
+            except (RuntimeError, ValueError) as exc:
+                err = _explain(self.st, str(exc))
+                for h in handles:
+                    h._error, h._batch = err, None
+                raise err from None
+            for h, hid in zip(handles, ids):
+                h._id, h._batch = hid, None
 
 
 _batching = threading.local()

@@ -41,7 +41,7 @@ GiB = 1024 * MiB
 
 # Parts and the per-server credit. On one host (shared memory) the work is memory-bound:
 # a 1 MiB part is still in cache when the next stage (the owner's sum, the copies out)
-# reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/benchmarks.md §1).
+# reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/benchmarks.md §2).
 # Across a network a part is answered only once every worker's copy crossed a link, so
 # small parts start the results flowing sooner (docs/benchmarks.md, rack sweep).
 # None: chosen at init.
@@ -230,22 +230,15 @@ class _Env:
             raise _bad(var, value, "must be >= 0")
         return result
 
-    def rate0(self, var: str) -> float:
-        """A link rate in Mbit/s that may be 0 or unset (meaning: not stated)."""
-        value = self.raw(var)
-        if value is None:
-            return 0.0
-        result = self.convert(var, value, float, "a rate in Mbit/s")
-        if not result >= 0 or result == float("inf"):
-            raise _bad(var, value, "must be a finite rate in Mbit/s >= 0")
-        return result
-
     def rate_or_auto(self, var: str) -> Optional[float]:
         """A link rate in Mbit/s (0: off), or None for "auto" or unset."""
         value = self.raw(var)
         if value is None or value.strip().lower() == "auto":
             return None
-        return self.rate0(var)
+        result = self.convert(var, value, float, 'a rate in Mbit/s or "auto"')
+        if not result >= 0 or result == float("inf"):
+            raise _bad(var, value, 'must be "auto" or a finite rate in Mbit/s >= 0')
+        return result
 
     def seconds(self, var: str, default: float) -> float:
         value = self.raw(var)

@@ -161,7 +161,11 @@ def detect_link_mbit(addr: str) -> Tuple[float, str]:
 
 
 def link_mbit_for(stated: Optional[float], addr: str) -> Tuple[float, str]:
-    """The rate pacing uses: the stated one (FASTPS_LINK_MBIT), else the detected one."""
+    """The rate pacing uses: the stated one (FASTPS_LINK_MBIT), else the detected one.
+
+    A detected rate is this host's only; that is enough, because a process paces only the
+    flows leaving its own host (a worker its pushes, a server its answers).
+    """
     if stated is not None:
         return stated, "FASTPS_LINK_MBIT" if stated > 0 else "pacing off (FASTPS_LINK_MBIT=0)"
     return detect_link_mbit(addr)

@@ -47,7 +47,8 @@ PYBIND11_MODULE(_core, m) {
   // ways (arr.ctypes.data, __array_interface__) cost ~6 us, paid per tensor per step.
   m.def("buffer_address", [](const py::object& obj) {
     Py_buffer view;
-    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0)
+      throw py::error_already_set();
     auto addr = reinterpret_cast<uintptr_t>(view.buf);
     PyBuffer_Release(&view);
     return addr;
@@ -136,8 +137,8 @@ PYBIND11_MODULE(_core, m) {
             std::vector<PushPullRequest> reqs(rows.size());
             for (size_t i = 0; i < rows.size(); ++i) {
               auto& [in, out, nbytes, dtype, name, priority, scale] = rows[i];
-              reqs[i] = PushPullRequest{as_ptr(in), as_ptr(out),  nbytes, dtype_from_name(dtype),
-                                        name,       priority,    scale};
+              reqs[i] = PushPullRequest{
+                  as_ptr(in), as_ptr(out), nbytes, dtype_from_name(dtype), name, priority, scale};
             }
             py::gil_scoped_release nogil;
             return w.push_pull_group(reqs);

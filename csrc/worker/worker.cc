@@ -146,15 +146,7 @@ std::vector<std::tuple<size_t, size_t, uint32_t>> Worker::part_layout(const std:
 
 int64_t Worker::push_pull(const void* in, void* out, size_t nbytes, DType dt,
                           const std::string& name, int priority, double scale) {
-  PushPullRequest r;
-  r.in = in;
-  r.out = out;
-  r.nbytes = nbytes;
-  r.dtype = dt;
-  r.name = name;
-  r.priority = priority;
-  r.scale = scale;
-  return push_pull_group({r}).front();
+  return push_pull_group({PushPullRequest{in, out, nbytes, dt, name, priority, scale}}).front();
 }
 
 std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>& reqs) {
