@@ -1,60 +1,33 @@
-"""Builds the C++ core (fastps._core) with CMake and maps the source folders to packages.
+"""fastps is built by scikit-build-core from pyproject.toml; this file stays for habits and
+tools that still call ``python setup.py``.
 
-The tree keeps the architecture visible (core/, plugins/<framework>/), so the
-installed package names are mapped from those folders here.
+Every command is handed to pip, which runs the real (PEP 517) build in a fresh temporary
+build directory:
+
+    python setup.py install | build | bdist_wheel | develop
 """
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
-
 ROOT = Path(__file__).resolve().parent
 
-
-class CMakeExtension(Extension):
-    def __init__(self, name: str) -> None:
-        super().__init__(name, sources=[])
-
-
-class CMakeBuild(build_ext):
-    def build_extension(self, ext: Extension) -> None:
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_type = os.environ.get("FASTPS_BUILD_TYPE", "Release")
-        build_dir = Path(self.build_temp).resolve() / build_type
-        build_dir.mkdir(parents=True, exist_ok=True)
-        cfg = [
-            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
-            f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DCMAKE_BUILD_TYPE={build_type}",
-            "-GNinja",
-        ]
-        if os.environ.get("FASTPS_SANITIZE"):
-            cfg.append("-DFASTPS_SANITIZE=ON")
-        subprocess.check_call(["cmake", str(ROOT), *cfg], cwd=build_dir)
-        jobs = str(os.cpu_count() or 2)
-        subprocess.check_call(["cmake", "--build", ".", "-j", jobs], cwd=build_dir)
+COMMANDS = {
+    "install": ["install", str(ROOT)],
+    "develop": ["install", "--no-build-isolation", "-e", str(ROOT)],
+    "build": ["wheel", "--no-deps", "-w", str(ROOT / "dist"), str(ROOT)],
+    "bdist_wheel": ["wheel", "--no-deps", "-w", str(ROOT / "dist"), str(ROOT)],
+}
 
 
-setup(
-    packages=[
-        "fastps",
-        "fastps.torch",
-        "fastps.tensorflow",
-        "fastps.tensorflow.keras",
-        "fastps.mxnet",
-    ],
-    package_dir={
-        "fastps": "core",
-        "fastps.torch": "plugins/torch",
-        "fastps.tensorflow": "plugins/tensorflow",
-        "fastps.tensorflow.keras": "plugins/tensorflow/keras",
-        "fastps.mxnet": "plugins/mxnet",
-    },
-    ext_modules=[CMakeExtension("fastps._core")],
-    cmdclass={"build_ext": CMakeBuild},
-    zip_safe=False,
-)
+def main(argv: list) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        print(f"\nsupported commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, "-m", "pip", *COMMANDS[argv[0]]])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -28,8 +28,8 @@ $PY -c "import matplotlib" 2>/dev/null ||
 $PY -c "import torch" 2>/dev/null ||
   $PY -m pip install -q --disable-pip-version-check torch==2.13.0
 if ! $PY -c "import fastps._core" 2>/dev/null; then
-  echo "== building fastps (C++ core) in place"
-  $PY -m pip install -q --disable-pip-version-check "setuptools>=64" wheel \
+  echo "== building fastps (C++ core), editable"
+  $PY -m pip install -q --disable-pip-version-check "scikit-build-core>=1.1" \
     "pybind11>=2.11" cmake ninja numpy click
   $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 fi

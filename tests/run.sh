@@ -9,9 +9,11 @@ PY=${PYTHON:-python3}
 
 echo "== installing build and test dependencies"
 $PY -m pip install -q --disable-pip-version-check \
-  "setuptools>=64" wheel "pybind11>=2.11" cmake ninja numpy click \
+  "scikit-build-core>=1.1" "pybind11>=2.11" cmake ninja numpy click \
   pytest pytest-timeout scikit-learn matplotlib ruff torch==2.13.0
-echo "== building fastps (C++ core) in place"
+# Editable, so the test workers import this checkout; scikit-build-core configures CMake in a
+# fresh temporary directory each time, so nothing an earlier build left is trusted.
+echo "== building fastps (C++ core), editable"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 
 status=0

@@ -22,7 +22,7 @@ REQUIREMENTS=(
   "scikit-learn==1.7.2"     # newest scikit-learn that still accepts numpy 1.23
   "pytest>=7" "pytest-timeout>=2.1"
   "click>=8.0"
-  "setuptools>=64" "wheel" "pybind11>=2.11" "cmake>=3.18" "ninja"   # to build fastps
+  "scikit-build-core>=1.1" "pybind11>=2.11" "cmake>=3.18" "ninja"   # to build fastps
 )
 
 log() { echo "mxnet env: $*" >&2; }

@@ -39,7 +39,7 @@ PYEOF
 if ! "$PY" -c "import importlib.util as u, fastps._core
 assert u.find_spec('fastps.tensorflow')" >/dev/null 2>&1; then
   say "installing fastps (editable) into $PY"
-  pip_q "$PY" "setuptools>=64" wheel "pybind11>=2.11" cmake ninja numpy click
+  pip_q "$PY" "scikit-build-core>=1.1" "pybind11>=2.11" cmake ninja numpy click
   pip_q "$PY" --no-build-isolation -e .
 fi
 
