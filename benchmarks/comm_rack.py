@@ -18,7 +18,7 @@ same rack:
 
 Reported per row: seconds per synchronisation (median over iterations of the slowest
 worker), goodput (model bytes / time, the metric of BytePS Fig. 12) and the fraction of the
-optimum of DESIGN.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both with B measured on the rack
+optimum of docs/design.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both with B measured on the rack
 (``measure_throughput``, one TCP stream) and with B = 0.956 x rate. Every result is checked:
 each worker fills its tensors with rank + 1, so every element must come back n(n+1)/2.
 

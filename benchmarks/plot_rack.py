@@ -2,7 +2,7 @@
 
 - comm.png: communication goodput (model bytes / synchronisation time) against the number
   of CPU machines k, one line per system (fastps, Gloo, MXNet KVStore),
-  with the optimum of DESIGN.md (BytePS Eq. 6 at the measured link goodput) drawn as a
+  with the optimum of docs/design.md (BytePS Eq. 6 at the measured link goodput) drawn as a
   dashed line; one panel per model in comm.csv.
 - train.png: training samples/s against the per-host bandwidth, one line per system, with
   the linear-scaling ceiling (4 x one worker alone) and the CPU ceiling (4 workers at once,

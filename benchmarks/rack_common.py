@@ -1,7 +1,7 @@
 """Shared pieces of the emulated-rack benchmarks (comm_rack.py, train_rack.py, plot_rack.py).
 
 - gradient sets of real models (VGG-16, ResNet-50) as (name, shape) lists, in forward order;
-- the performance model of DESIGN.md (BytePS Eq. 6 and ring all-reduce);
+- the performance model of docs/design.md (BytePS Eq. 6 and ring all-reduce);
 - starting fastps (scheduler, servers, workers), torch.distributed Gloo and MXNet's
   dist_sync KVStore on the hosts of a :class:`benchmarks.rack.Rack`;
 - ``RESULT {json}`` lines from child processes and CSV files with a provenance header.
