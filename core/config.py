@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from .errors import FastPSError
+from .netif import interface_address
 
 __all__ = [
     "Config",
@@ -326,8 +327,11 @@ class Config:
                 f"invalid FASTPS_SERVER_ID={server_id}: must be < FASTPS_NUM_SERVERS={num_servers}"
             )
 
-        host = e.raw("FASTPS_HOST") or default_advertised_host(
-            scheduler_addr[0] if scheduler_addr else None
+        iface = e.raw("FASTPS_IFACE")
+        host = (
+            e.raw("FASTPS_HOST")
+            or (interface_address(iface) if iface else None)
+            or default_advertised_host(scheduler_addr[0] if scheduler_addr else None)
         )
         hostname = e.raw("FASTPS_HOSTNAME") or socket.gethostname()
 

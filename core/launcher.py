@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, BinaryIO, Dict, List, Optional, Sequence
+from typing import IO, Any, BinaryIO, Dict, List, Optional, Sequence
 
 import click
 
+from .cluster_cli import cluster_launcher_from_cli, multihost_options
 from .config import Config, parse_size, validate_job_id
 from .errors import FastPSError
 from .scheduler import Scheduler
@@ -450,9 +451,9 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
 @click.option(
     "--num-servers",
     type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Number of summation servers (0: none).",
+    default=None,
+    help="Number of summation servers (0: none) [default: 1; with -H one per worker host "
+    "plus one per --server-hosts host].",
 )
 @click.option(
     "--timeout",
@@ -473,17 +474,20 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
     show_default=True,
     help="Address the scheduler binds and the processes advertise.",
 )
+@multihost_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def cli(
     num_workers: int,
-    num_servers: int,
+    num_servers: Optional[int],
     timeout: Optional[float],
     job_id: Optional[str],
     partition_bytes: Optional[int],
     host_addr: str,
     command: Sequence[str],
+    **multihost: Any,
 ) -> None:
-    """Run CMD as N workers of a fastps job on this machine."""
+    """Run CMD as N workers of a fastps job on this machine, or on the machines of -H,
+    --hostfile or the SLURM allocation (docs/multi-node.md)."""
     logger = logging.getLogger("fastps")
     if not logger.handlers:
         handler = _PrefixHandler("[scheduler] ")
@@ -491,10 +495,13 @@ def cli(
         logger.addHandler(handler)
         logger.propagate = False
     try:
-        launcher = Launcher(
+        launcher = cluster_launcher_from_cli(
+            command, num_workers, num_servers, multihost,
+            timeout=timeout, job_id=job_id, partition_bytes=partition_bytes,
+        ) or Launcher(
             command,
             num_workers=num_workers,
-            num_servers=num_servers,
+            num_servers=1 if num_servers is None else num_servers,
             timeout=timeout,
             job_id=job_id,
             partition_bytes=partition_bytes,
