@@ -95,6 +95,18 @@ def _stop_group(proc, grace):
         pass
 
 
+def _copy(src, dst):
+    try:
+        while True:
+            data = os.read(src, 65536)
+            if not data:
+                return
+            while data:
+                data = data[os.write(dst, data):]
+    except OSError:
+        pass
+
+
 def _job_env(spec):
     env = dict(os.environ)
     env.update(spec.get("env") or {})
@@ -139,17 +151,27 @@ def _run(spec, stdin):
         sys.stderr.write("fastps agent on {}: working directory {} does not exist here; "
                          "starting in {}\n".format(socket.gethostname(), spec["cwd"], os.getcwd()))
     try:
+        # Output goes through pipes the agent copies: a stray the process leaves behind
+        # may hold them open, but not the ssh session, which then ends with the agent.
         proc = subprocess.Popen(spec["argv"], env=_job_env(spec), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
         sys.stderr.write(f"fastps agent on {socket.gethostname()}: cannot start "
                          f"{spec['argv'][0]!r}: {exc}\n")
         return 127
     threading.Thread(target=watch_stdin, daemon=True).start()
+    copiers = [threading.Thread(target=_copy, args=(proc.stdout.fileno(), 1), daemon=True),
+               threading.Thread(target=_copy, args=(proc.stderr.fileno(), 2), daemon=True)]
+    for t in copiers:
+        t.start()
     grace = float(spec.get("grace", 5.0))
     while proc.poll() is None and not stop.is_set():
         stop.wait(POLL)
     _stop_group(proc, grace)  # stops the process, or the strays it left in its group
+    deadline = time.monotonic() + 1.0  # the last output; a stray may keep the pipes open
+    for t in copiers:
+        t.join(max(0.0, deadline - time.monotonic()))
     rc = proc.returncode
     if rc is None:
         return 128 + signal.SIGKILL
