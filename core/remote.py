@@ -31,8 +31,8 @@ __all__ = ["SshTransport", "SrunTransport", "Transport", "HostInfo", "agent_requ
            "start_agent", "preflight", "sweep", "forwarded_env", "BOOTSTRAP"]
 
 # Reads "<length>\n<agent source>" from stdin and runs it; the agent reads the rest.
-BOOTSTRAP = ("import sys;b=sys.stdin.buffer;n=int(b.readline());"
-             "exec(compile(b.read(n),'fastps-remote-agent','exec'))")
+BOOTSTRAP = ('import sys;b=sys.stdin.buffer;n=int(b.readline());'
+             'exec(compile(b.read(n),"fastps-remote-agent","exec"))')
 _AGENT_SOURCE = (Path(__file__).with_name("remote_agent.py")).read_bytes()
 
 # Variables that describe the machine or session fastpsrun runs in, not the job: the remote

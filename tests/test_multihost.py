@@ -27,6 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import fastps  # noqa: E402
+
 from benchmarks.rack import Rack, cleanup, find_stale, is_supported  # noqa: E402
 from benchmarks.rack.machines import Machines, ensure_ssh  # noqa: E402
 
