@@ -118,7 +118,8 @@ _WORKER = textwrap.dedent("""
     rank = fastps.rank()
     # A stray that leaves the process group: only the sweep by job id can find it.
     subprocess.Popen(["sleep", "300"], start_new_session=True)
-    print(f"ready {rank} on {os.uname().nodename}", flush=True)
+    from fastps.config import Config
+    print(f"ready {rank} on {os.uname().nodename} at {Config.from_env().host}", flush=True)
     if rank == int(sys.argv[1]):
         time.sleep(1.0)
         sys.exit(3)
@@ -130,14 +131,18 @@ _WORKER = textwrap.dedent("""
 def test_failing_worker_ends_job_and_leaves_nothing(machines) -> None:
     rack, m = machines
     t0 = time.monotonic()
+    # With the interface named: every process advertises its own eth0 address.
     proc = _fastpsrun(m, ["-np", "4", "-H", "w0:2,w1:1,w2:1", "--server-hosts", "c0",
+                          "--network-interface", "eth0",
                           sys.executable, "-c", _WORKER, "3"], "fail")
     codes = rack.run_all([proc], timeout=120, check=False)
     out = _output(rack, "fail")
     assert codes == [3], out
     assert "worker 3@w2" in out and "exited with code 3" in out, out
-    for rank, host in ((0, "w0"), (1, "w0"), (2, "w1"), (3, "w2")):
-        assert f"[worker {rank}@{host}] ready {rank} on {host}" in out, out
+    assert "scheduler at 198.18.1.1;" in out, out
+    for rank, host, addr in ((0, "w0", "198.18.1.1"), (1, "w0", "198.18.1.1"),
+                             (2, "w1", "198.18.1.2"), (3, "w2", "198.18.1.3")):
+        assert f"[worker {rank}@{host}] ready {rank} on {host} at {addr}" in out, out
     assert time.monotonic() - t0 < 90
     _assert_nothing_left(rack, m)
 
@@ -145,7 +150,10 @@ def test_failing_worker_ends_job_and_leaves_nothing(machines) -> None:
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_every_machine(machines) -> None:
     rack, m = machines
+    # fastpsrun's machine runs no process of this job; ssh port and key given explicitly.
     proc = _fastpsrun(m, ["-np", "3", "-H", "w1:1,w2:1,w3:1", "--server-hosts", "c1",
+                          "--ssh-port", "2222", "--ssh-identity-file",
+                          str(m.ssh_dir / "id_ed25519"),
                           sys.executable, "-c", _WORKER, "-1"], "intr")
     deadline = time.monotonic() + 120
     while _output(rack, "intr").count("] ready ") < 3:

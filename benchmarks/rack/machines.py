@@ -10,6 +10,7 @@ network namespace and in a new UTS + mount namespace where
 * ``/root/.ssh`` (``~/.ssh`` of root) is this run's folder: a client key made for the run,
   ``authorized_keys`` with it, ``known_hosts`` with the run's host key under every name and
   address — plain ``ssh w1`` works with host keys checked;
+* sshd answers on ports 22 and 2222 (to try ``--ssh-port``);
 * optionally, some paths are hidden under an empty tmpfs (a machine "without fastps").
 
 Every process started on ``h`` (by the test through :meth:`Machines.spawn` or by sshd for a
@@ -39,6 +40,7 @@ _SETUP = Path(__file__).with_name("setup_deps.sh")
 
 _SSHD_CONFIG = """\
 Port 22
+Port 2222
 HostKey {host_key}
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
