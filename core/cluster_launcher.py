@@ -86,6 +86,8 @@ class ClusterLauncher(Launcher):
                 if not getattr(info, "cwd_exists", True):
                     say(f"host {host_label(host)} has no directory {os.getcwd()}: its processes "
                         "start in the login directory")
+        if self._signal is not None:
+            return  # Ctrl-C while the machines were being checked: start nothing
         self.host_addr = self._advertised_address(infos)
         say(f"scheduler at {self.host_addr}; {self.placement.describe()}")
         super()._start()

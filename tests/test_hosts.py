@@ -223,7 +223,9 @@ def test_job_over_ssh_stand_in(fake_bin: Dict[str, str]) -> None:
 @pytest.mark.timeout(180)
 def test_failure_over_ssh_stand_in_leaves_nothing(fake_bin: Dict[str, str]) -> None:
     t0 = time.monotonic()
-    res = _fastpsrun(["-np", "3", "-H", "localhost:1,127.0.0.2:2", "--job-id", "hoststest2",
+    hostfile = Path(fake_bin["FAKE_LOG"]).with_name("hostfile")
+    hostfile.write_text("localhost slots=1\n127.0.0.2 slots=2  # MPI's format\n")
+    res = _fastpsrun(["-np", "3", "--hostfile", str(hostfile), "--job-id", "hoststest2",
                       sys.executable, "-c", WORKER, "2"], fake_bin)
     assert res.returncode == 4, res.stdout
     assert "fastpsrun: worker 2@127.0.0.2" in res.stdout and "exited with code 4" in \
@@ -231,6 +233,15 @@ def test_failure_over_ssh_stand_in_leaves_nothing(fake_bin: Dict[str, str]) -> N
     assert time.monotonic() - t0 < 90
     # Strays that left their process groups are gone too (the sweep by job id).
     assert _job_processes("hoststest2") == []
+
+
+def test_cli_refuses_contradictions(subprocess_env: Dict[str, str]) -> None:
+    for args, words in ((["-H", "a:1", "--hostfile", "f"], "give -H or --hostfile, not both"),
+                        (["--server-hosts", "c1"], "--server-hosts needs -H, --hostfile"),
+                        (["-H", "a:1,b:1", "-np", "3"], "-np 3 needs 3 slots")):
+        np_args = [] if "-np" in args else ["-np", "1"]
+        res = _fastpsrun([*np_args, *args, "true"], subprocess_env, timeout=30)
+        assert res.returncode == 2 and words in res.stdout, res.stdout
 
 
 @pytest.mark.timeout(60)
