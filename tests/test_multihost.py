@@ -32,8 +32,6 @@ from benchmarks.rack import Rack, cleanup, find_stale, is_supported  # noqa: E40
 from benchmarks.rack.machines import Machines, ensure_ssh  # noqa: E402
 
 _OK, _WHY = is_supported()
-if _OK:
-    _OK, _WHY = ensure_ssh()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(not _OK, reason=_WHY)]
 
 PREFIX = "fpsm"
@@ -44,6 +42,9 @@ ENV = {"OMP_WAIT_POLICY": "PASSIVE", "FASTPS_HEARTBEAT_TIMEOUT": "30"}
 
 @pytest.fixture(scope="module")
 def machines() -> Iterator[Tuple[Rack, Machines]]:
+    ok, why = ensure_ssh()  # installs Debian's OpenSSH packages when missing
+    if not ok:
+        pytest.skip(why)
     if find_stale(PREFIX):
         pytest.fail(f"stale rack objects {find_stale(PREFIX)}; run python -m "
                     f"benchmarks.rack.cli down --prefix {PREFIX}")
@@ -168,6 +169,39 @@ def test_ctrl_c_stops_every_machine(machines) -> None:
     assert "received SIGINT: stopping the job" in out, out
     assert time.monotonic() - t0 < 30
     _assert_nothing_left(rack, m)
+
+
+_SLEEPER = textwrap.dedent("""
+    import time
+    import fastps
+    fastps.init()
+    print(f"ready {fastps.rank()}", flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_killed_fastpsrun_leaves_nothing_remote(machines) -> None:
+    """fastpsrun gets SIGKILL (no teardown code runs): the remote agents see their stdin
+    close and stop their processes, well before the heartbeat timeout (30 s here) would."""
+    rack, m = machines
+    proc = _fastpsrun(m, ["-np", "2", "-H", "w1:1,w2:1", sys.executable, "-c", _SLEEPER],
+                      "kill")
+    deadline = time.monotonic() + 90
+    while _output(rack, "kill").count("] ready ") < 2:
+        assert proc.poll() is None, _output(rack, "kill")
+        assert time.monotonic() < deadline, _output(rack, "kill")
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait(timeout=10)
+    t0 = time.monotonic()
+    remote = [h for h in rack.hosts if h.name != "w0"]
+    while any(m.processes(h) for h in remote) and time.monotonic() - t0 < 15:
+        time.sleep(0.1)
+    took = time.monotonic() - t0
+    left = {h.name: m.describe(m.processes(h)) for h in remote if m.processes(h)}
+    assert not left, left
+    assert took < 12, took
 
 
 @pytest.mark.timeout(60)
