@@ -269,3 +269,16 @@ def test_job_in_slurm_allocation_through_srun_stand_in(fake_bin: Dict[str, str])
     assert steps and all("--nodes=1 --ntasks=1" in c and "--overlap" in c for c in steps)
     assert not any("FASTPS_TOKEN" in c for c in calls)
     assert _job_processes("hoststest3") == []
+
+
+def test_network_interface_sets_advertised_address() -> None:
+    from fastps.config import Config
+
+    cfg = Config.from_env({"FASTPS_IFACE": "lo", "FASTPS_SCHEDULER_ADDR": "198.18.0.1:9"})
+    assert cfg.host == "127.0.0.1"  # lo's address, not the route to the scheduler
+    # FASTPS_HOST still wins over the interface.
+    assert Config.from_env({"FASTPS_IFACE": "lo", "FASTPS_HOST": "198.18.0.7"}).host == \
+        "198.18.0.7"
+    with pytest.raises(FastPSError, match=r"FASTPS_IFACE=nosuch0: no such network interface "
+                                          r"on .* \(interfaces: .*lo"):
+        Config.from_env({"FASTPS_IFACE": "nosuch0"})
