@@ -77,9 +77,4 @@ class SumEngine {
   uint64_t parts_summed_ = 0;
 };
 
-// The key of a part: tensor id mixed with the part index.
-inline uint64_t part_key(uint64_t tensor, uint32_t part) {
-  return tensor ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ull);
-}
-
 }  // namespace fastps

@@ -67,6 +67,12 @@ static_assert(offsetof(FrameHeader, tensor) == 16 && offsetof(FrameHeader, shm_o
                   offsetof(FrameHeader, pushers) == 60,
               "wire header layout");
 
+// The key of a part on both ends of the wire: tensor id mixed with the part index. Workers
+// and servers index their per-part state by it, so it must be the same everywhere.
+inline uint64_t part_key(uint64_t tensor, uint32_t part) {
+  return tensor ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ull);
+}
+
 // Bytes that follow a header on the socket: none for parts that lie in shared memory.
 inline uint64_t payload_bytes(const FrameHeader& h) { return (h.flags & kFlagShm) ? 0 : h.len; }
 

@@ -1,14 +1,8 @@
-// Local reduce among the workers of one host (BytePS §4.2, §6.2): every part
-// has one local owner, a pure function of (tensor id, part index), so all
-// local workers agree without talking. The others copy their part into their
-// own shared-memory segment and tell the owner where it is; the owner sums
-// the contributions (in place, in one of them), pushes that single local sum
-// to the part's server, and, once the global sum is back in the same slot,
-// tells the others where to copy it from. Each part leaves the host once.
-//
-// LocalGroup holds what this needs: the worker's own segment and its
-// allocator, the mapped segments of the local peers, and the local-socket
-// connections that carry the small notices between them.
+// The workers of one host as a group (BytePS §6.2): the worker's own
+// shared-memory segment and its allocator, the mapped segments of the local
+// peers, the local-socket connections that carry the small notices between
+// them, and which local worker owns (reduces and pushes) each part. The local
+// reduce protocol that runs over this group lives in worker/local_reducer.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,22 +13,9 @@
 #include "common/buffer_pool.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
+#include "worker/staging.h"
 
 namespace fastps {
-
-constexpr uint32_t kNoSegment = 0xFFFFFFFFu;
-
-// Where a part's bytes wait while they move through the local stages: a slot
-// in some local worker's segment, or (if no slot was free) a private buffer
-// whose bytes then travel over the local socket instead.
-struct Staging {
-  char* data = nullptr;
-  uint32_t segment = kNoSegment;  // rank of the worker whose segment holds it
-  uint64_t offset = 0;
-  std::shared_ptr<Buffer> heap;
-  bool empty() const { return data == nullptr; }
-  bool in_shm() const { return segment != kNoSegment; }
-};
 
 struct LocalGroupOptions {
   std::string job_id;

@@ -1,4 +1,4 @@
-#include "worker/local_reduce.h"
+#include "worker/local_group.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,0 +1,136 @@
+#include "worker/push_scheduler.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace fastps {
+
+PushScheduler::PushScheduler(size_t credit_bytes, size_t window_bytes,
+                             const std::vector<double>& server_weights)
+    : credit_bytes_(credit_bytes), window_bytes_(window_bytes) {
+  double total = 0;
+  for (double w : server_weights) total += w;
+  // A server that must receive more bytes needs more of them under way.
+  for (double w : server_weights)
+    window_.push_back(total > 0 ? static_cast<size_t>(static_cast<double>(window_bytes) * w /
+                                                      total * server_weights.size())
+                                : window_bytes);
+  queues_.resize(server_weights.size());
+  unwritten_.assign(server_weights.size(), 0);
+  unanswered_.assign(server_weights.size(), {});
+}
+
+void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
+  for (auto& p : parts)
+    if (p.server >= queues_.size())
+      throw std::out_of_range("part " + std::to_string(p.part) + " of tensor id " +
+                              std::to_string(p.tensor) + " is for server " +
+                              std::to_string(p.server) + " of " +
+                              std::to_string(queues_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& p : parts) queues_[p.server].push(p);
+  }
+  cv_.notify_one();
+}
+
+bool PushScheduler::admits_locked(size_t s) const {
+  if (queues_[s].empty()) return false;
+  const PushTicket& next = queues_[s].top();
+  if (unwritten_[s] != 0 && unwritten_[s] + next.len > credit_bytes_) return false;
+  if (window_bytes_ == 0) return true;
+  UrgencyKey key = urgency(next);
+  size_t ahead = 0;
+  for (auto& kv : unanswered_[s]) {
+    if (!(kv.first < key)) break;
+    ahead += kv.second;
+  }
+  return ahead == 0 || ahead + next.len <= window_[s];
+}
+
+size_t PushScheduler::take_admissible(std::vector<PushTicket>* out,
+                                      const std::function<bool(const PushTicket&)>& keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t taken = 0;
+  while (!stop_) {
+    // The most urgent part among the servers that admit one.
+    size_t best = queues_.size();
+    for (size_t s = 0; s < queues_.size(); ++s)
+      if (admits_locked(s) &&
+          (best == queues_.size() || urgency(queues_[s].top()) < urgency(queues_[best].top())))
+        best = s;
+    if (best == queues_.size()) break;
+    PushTicket t = queues_[best].top();
+    queues_[best].pop();
+    if (keep && !keep(t)) continue;
+    unwritten_[best] += t.len;
+    unanswered_[best][urgency(t)] = t.len;
+    out->push_back(t);
+    ++taken;
+  }
+  return taken;
+}
+
+bool PushScheduler::wait_admissible(std::vector<PushTicket>* out,
+                                    const std::function<bool(const PushTicket&)>& keep) {
+  out->clear();
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Woken by enqueue, written, answered and stop: the only events that
+      // can open a queue. An internal thread's wait, ended by stop().
+      cv_.wait(lock, [&] {
+        if (stop_) return true;
+        for (size_t s = 0; s < queues_.size(); ++s)
+          if (admits_locked(s)) return true;
+        return false;
+      });
+      if (stop_) return false;
+    }
+    // Every admissible head may have been dropped by keep: then wait again.
+    if (take_admissible(out, keep) > 0) return true;
+  }
+}
+
+void PushScheduler::written(uint32_t server, size_t len) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unwritten_.at(server) -= len;
+  }
+  cv_.notify_one();
+}
+
+void PushScheduler::answered(const PushTicket& t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unanswered_.at(t.server).erase(urgency(t));
+  }
+  cv_.notify_one();
+}
+
+void PushScheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+}
+
+size_t PushScheduler::queued(size_t server) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queues_.at(server).size();
+}
+
+size_t PushScheduler::unwritten_bytes(size_t server) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unwritten_.at(server);
+}
+
+size_t PushScheduler::unanswered_bytes(size_t server) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (auto& kv : unanswered_.at(server)) n += kv.second;
+  return n;
+}
+
+}  // namespace fastps

@@ -1,0 +1,108 @@
+// Decides which queued part a worker pushes next, and when. No sockets: it
+// sees parts as tickets (urgency, server, bytes) and is told when bytes left
+// the socket buffer and when a part was answered, so it can be tested alone.
+//
+// Parts wait in one queue per server ordered by urgency, the same total order
+// on every worker: priority (higher first), then tensor id, then part index.
+// Two limits per server keep the pushes in that order and the workers in step:
+// - credit_bytes: bytes handed to the transport but not yet written to the
+//   socket. Kernel buffers are first come first served; what does not fit
+//   waits in the queue, where a late urgent part can still overtake it.
+// - window_bytes: bytes of unanswered parts more urgent than the next one. A
+//   part is answered only when every worker pushed it, so a worker whose flow
+//   to a server runs ahead (TCP shares a link unevenly) waits for the others
+//   and its link carries parts for its other servers meanwhile. Counting only
+//   more urgent parts keeps this free of deadlock although workers can start
+//   in different orders: take the most urgent part that is pushed somewhere
+//   and not answered; every worker that has not pushed it has it, or something
+//   more urgent, at the head of its queue, and nothing unanswered ahead of
+//   that, so it may push it.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <tuple>
+#include <vector>
+
+namespace fastps {
+
+// What the scheduler knows of a part.
+struct PushTicket {
+  int priority = 0;
+  uint64_t tensor = 0;  // tensor id
+  uint32_t part = 0;    // part index within the tensor
+  uint32_t server = 0;
+  size_t len = 0;       // bytes
+  int64_t tag = 0;      // the caller's, passed back untouched (the worker: handle id)
+};
+
+// Smaller is more urgent. Strict on everything queued at once, because only
+// one push_pull per tensor runs at a time.
+using UrgencyKey = std::tuple<int64_t, uint64_t, uint32_t>;
+inline UrgencyKey urgency(const PushTicket& t) {
+  return UrgencyKey{-static_cast<int64_t>(t.priority), t.tensor, t.part};
+}
+
+class PushScheduler {
+ public:
+  // server_weights: each server's share of the bytes (one per server, > 0 in
+  // total); a server's window is window_bytes scaled by its share times the
+  // number of servers, so an even split gives every server window_bytes.
+  // window_bytes 0: no window limit.
+  PushScheduler(size_t credit_bytes, size_t window_bytes, const std::vector<double>& server_weights);
+
+  size_t num_servers() const { return window_.size(); }
+  size_t window(size_t server) const { return window_.at(server); }
+
+  // Queues parts; throws std::out_of_range for a server that does not exist.
+  void enqueue(const std::vector<PushTicket>& parts);
+  // Takes every part that is admissible now, most urgent first across the
+  // servers, charging each to its server's credit and window. keep (if set)
+  // runs under the scheduler's lock for each part taken: false drops the part
+  // unsent and uncharged (it failed while queued). Returns how many were added.
+  size_t take_admissible(std::vector<PushTicket>* out,
+                         const std::function<bool(const PushTicket&)>& keep = nullptr);
+  // Blocks until take_admissible finds something (then fills out and returns
+  // true) or stop() is called (returns false). Clears out first.
+  bool wait_admissible(std::vector<PushTicket>* out,
+                       const std::function<bool(const PushTicket&)>& keep = nullptr);
+  // A taken part's bytes left the socket buffer: they no longer use credit.
+  void written(uint32_t server, size_t len);
+  // A taken part was answered (or failed): it leaves its server's window.
+  void answered(const PushTicket& t);
+  void stop();
+
+  // Introspection for tests and diagnostics.
+  size_t queued(size_t server) const;
+  size_t unwritten_bytes(size_t server) const;
+  size_t unanswered_bytes(size_t server) const;
+
+ private:
+  struct LessUrgent {
+    bool operator()(const PushTicket& a, const PushTicket& b) const {
+      return urgency(a) > urgency(b);
+    }
+  };
+  // Whether server s admits the head of its queue now (mu_ held).
+  bool admits_locked(size_t s) const;
+
+  size_t credit_bytes_;
+  size_t window_bytes_;
+  std::vector<size_t> window_;  // per server, scaled by its share of the bytes
+
+  // Lock order: mu_ is taken before anything keep() locks (the worker's part
+  // table); nothing is locked while calling into the scheduler's methods.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::priority_queue<PushTicket, std::vector<PushTicket>, LessUrgent>> queues_;
+  std::vector<size_t> unwritten_;  // bytes taken, not yet written to the socket
+  // Parts taken and not yet answered, per server: urgency -> bytes.
+  std::vector<std::map<UrgencyKey, size_t>> unanswered_;
+  bool stop_ = false;
+};
+
+}  // namespace fastps
