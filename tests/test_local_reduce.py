@@ -48,6 +48,20 @@ def test_each_part_leaves_its_host_once(hosts: int, local: int, cpu: int) -> Non
         assert len({c["reduced_locally"] for c in counts}) == 1  # same parts on every host
 
 
+def test_uneven_hosts_agree_on_pushes_per_part() -> None:
+    # Two workers share h0 and reduce locally; the third is alone on h1 and pushes its parts
+    # itself. Every host pushes each part once, so the servers wait for two pushes a part
+    # from all three workers alike (a lone worker once counted workers instead of hosts).
+    worker_hosts = ["h0", "h0", "h1"]
+    with Job(3, 2, [SHM_WORKER, "sum"], worker_hosts=worker_hosts, server_hosts=["h0", "h1"],
+             env={"FASTPS_PARTITION_BYTES": "128K"}) as job:
+        job.wait(120, job.workers())
+        for w in job.workers():
+            assert w.popen.returncode == 0 and "SHM-OK" in w.output, job.dump()
+            s = stats(w.output)
+            assert s["local_reduce"] == (worker_hosts[w.index] == "h0"), s
+
+
 def test_local_shape_mismatch_is_named_not_hung() -> None:
     with Job(2, 1, [SHM_WORKER, "mismatch"]) as job:
         job.wait(40, job.workers())

@@ -47,7 +47,11 @@ Worker::Worker(WorkerOptions opts)
   bool any_local_server = false;
   for (bool b : opts_.local_servers) any_local_server = any_local_server || b;
   local_reduce_ = opts_.shm && opts_.local_ranks.size() > 1 && !opts_.servers.empty();
-  pushers_ = local_reduce_ && opts_.num_hosts ? opts_.num_hosts : opts_.num_workers;
+  // With shared memory on, every host pushes each part once: its local sum, or
+  // the part itself where a worker is alone on its host. Counting hosts only
+  // where this host reduces locally would make a lone worker count workers
+  // while its peers on bigger hosts count hosts, and the server refuse both.
+  pushers_ = opts_.shm && opts_.num_hosts ? opts_.num_hosts : opts_.num_workers;
   if (opts_.shm && !opts_.servers.empty() && (local_reduce_ || any_local_server)) {
     LocalGroupOptions lo;
     lo.job_id = opts_.job_id;

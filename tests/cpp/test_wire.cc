@@ -1,0 +1,187 @@
+// The frame header's byte layout, part_key, and frames through a real
+// connection pair (socketpair + event loop): header and payload arrive intact.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "transport/tcp.h"
+#include "transport/wire.h"
+
+namespace fastps {
+namespace {
+
+template <typename T>
+T read_le(const uint8_t* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(p[i]) << (8 * i);
+  return v;
+}
+
+FrameHeader sample() {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint8_t>(MsgType::kPush);
+  h.dtype = 3;
+  h.flags = kFlagShm;
+  h.sender = 0x01020304;
+  h.part = 77;
+  h.tensor = 0x1122334455667788ull;
+  h.len = 4096;
+  h.tensor_bytes = 1ull << 33;
+  h.round = 9;
+  h.shm_offset = 0xABCDEF000ull;
+  h.shm_segment = 5;
+  h.pushers = 2;
+  return h;
+}
+
+TEST(Wire, HeaderEncodesLittleEndianAtFixedOffsets) {
+  FrameHeader h = sample();
+  uint8_t b[sizeof(FrameHeader)];
+  std::memcpy(b, &h, sizeof b);
+  EXPECT_EQ(sizeof(FrameHeader), 64u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b), 4), "FPSM");
+  EXPECT_EQ(b[4], static_cast<uint8_t>(MsgType::kPush));
+  EXPECT_EQ(b[5], 3);
+  EXPECT_EQ(read_le<uint16_t>(b + 6), kFlagShm);
+  EXPECT_EQ(read_le<uint32_t>(b + 8), 0x01020304u);
+  EXPECT_EQ(read_le<uint32_t>(b + 12), 77u);
+  EXPECT_EQ(read_le<uint64_t>(b + 16), 0x1122334455667788ull);
+  EXPECT_EQ(read_le<uint64_t>(b + 24), 4096u);
+  EXPECT_EQ(read_le<uint64_t>(b + 32), 1ull << 33);
+  EXPECT_EQ(read_le<uint64_t>(b + 40), 9u);
+  EXPECT_EQ(read_le<uint64_t>(b + 48), 0xABCDEF000ull);
+  EXPECT_EQ(read_le<uint32_t>(b + 56), 5u);
+  EXPECT_EQ(read_le<uint32_t>(b + 60), 2u);
+  FrameHeader back;
+  std::memcpy(&back, b, sizeof back);
+  EXPECT_EQ(std::memcmp(&back, &h, sizeof h), 0);
+}
+
+TEST(Wire, ShmFramesCarryNoPayload) {
+  FrameHeader h = sample();
+  EXPECT_EQ(payload_bytes(h), 0u);
+  h.flags = 0;
+  EXPECT_EQ(payload_bytes(h), 4096u);
+}
+
+TEST(Wire, PartKeyIsStableAndSeparatesParts) {
+  EXPECT_EQ(part_key(12345, 0), 12345u);
+  EXPECT_EQ(part_key(12345, 7), part_key(12345, 7));
+  std::set<uint64_t> keys;
+  for (uint64_t t : {1ull, 2ull, 0xDEADBEEFull, 0x9E3779B97F4A7C15ull})
+    for (uint32_t p = 0; p < 1000; ++p) keys.insert(part_key(t, p));
+  EXPECT_EQ(keys.size(), 4000u);
+}
+
+// Receives every frame into its own buffer and records what arrived.
+class Recorder : public FrameHandler {
+ public:
+  void* on_header(Connection*, const FrameHeader& h, std::string* why) override {
+    if (h.type == 99) {
+      *why = "type 99 refused";
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    bufs.emplace_back(h.len, '\0');
+    return bufs.back().data();
+  }
+  void on_frame(Connection*, const FrameHeader& h, void* payload) override {
+    std::lock_guard<std::mutex> lock(mu);
+    frames.push_back(h);
+    payloads.push_back(payload_bytes(h) ? std::string(static_cast<char*>(payload), h.len) : "");
+    cv.notify_all();
+  }
+  void on_close(Connection*, bool clean, const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+    close_reason = reason;
+    cv.notify_all();
+  }
+  template <typename Pred>
+  bool wait(Pred p) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), p);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> bufs;
+  std::vector<FrameHeader> frames;
+  std::vector<std::string> payloads;
+  bool closed = false;
+  std::string close_reason;
+};
+
+class Null : public FrameHandler {
+ public:
+  void* on_header(Connection*, const FrameHeader&, std::string*) override { return nullptr; }
+  void on_frame(Connection*, const FrameHeader&, void*) override {}
+  void on_close(Connection*, bool, const std::string&) override {}
+};
+
+TEST(Wire, FramesCrossAConnectionIntact) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Recorder rx;
+  Null tx_handler;
+  EventLoop loop("test-wire");
+  auto a = std::make_shared<Connection>(sv[0], Peer{}, "a", &tx_handler);
+  auto b = std::make_shared<Connection>(sv[1], Peer{}, "b", &rx);
+  loop.add(a);
+  loop.add(b);
+  loop.start();
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  FrameHeader h1 = sample();
+  h1.flags = 0;
+  h1.len = big.size();
+  FrameHeader h2 = sample();  // shared-memory frame: header only
+  std::atomic<int> sent{0};
+  ASSERT_TRUE(a->send(h1, big.data(), big.size(), [&] { sent++; }));
+  ASSERT_TRUE(a->send(h2, nullptr, 0, [&] { sent++; }));
+  ASSERT_TRUE(rx.wait([&] { return rx.frames.size() == 2; }));
+  EXPECT_EQ(std::memcmp(&rx.frames[0], &h1, sizeof h1), 0);
+  EXPECT_EQ(rx.payloads[0], big);
+  EXPECT_EQ(std::memcmp(&rx.frames[1], &h2, sizeof h2), 0);
+  EXPECT_EQ(rx.payloads[1], "");
+  // A frame the receiver refuses closes that connection, naming why.
+  FrameHeader bad = sample();
+  bad.flags = 0;
+  bad.type = 99;
+  bad.len = 8;
+  ASSERT_TRUE(a->send(bad, "12345678", 8));
+  ASSERT_TRUE(rx.wait([&] { return rx.closed; }));
+  EXPECT_NE(rx.close_reason.find("type 99 refused"), std::string::npos) << rx.close_reason;
+  loop.stop();
+  EXPECT_EQ(sent.load(), 2);
+}
+
+TEST(Wire, GarbageMagicClosesTheConnection) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Recorder rx;
+  EventLoop loop("test-wire");
+  auto b = std::make_shared<Connection>(sv[1], Peer{}, "b", &rx);
+  loop.add(b);
+  loop.start();
+  FrameHeader h = sample();
+  h.magic = 0x12345678;
+  ASSERT_EQ(::write(sv[0], &h, sizeof h), static_cast<ssize_t>(sizeof h));
+  ASSERT_TRUE(rx.wait([&] { return rx.closed; }));
+  EXPECT_NE(rx.close_reason.find("malformed"), std::string::npos) << rx.close_reason;
+  loop.stop();
+  ::close(sv[0]);
+}
+
+}  // namespace
+}  // namespace fastps
