@@ -6,6 +6,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/sum.h"
+#include "transport/link.h"
 
 namespace fastps {
 
@@ -58,7 +59,7 @@ static std::string describe(uint8_t dtype, uint64_t len, uint64_t tensor_bytes) 
 void SumEngine::fail(KeyState& st, const FrameHeader& h, const std::string& msg) {
   LOG_WARN("server " << server_id_ << ": " << msg);
   st.error = msg;
-  st.acc.reset();
+  st.acc = Payload{};
   st.shm.clear();
   st.reply_to.clear();
   if (broadcast_error_) broadcast_error_(h, msg);
@@ -74,9 +75,8 @@ void SumEngine::handle(PushWork& w) {
     e.type = static_cast<uint8_t>(MsgType::kError);
     e.sender = server_id_;
     e.flags = 0;
-    e.len = st.error.size();
     auto msg = std::make_shared<std::string>(st.error);
-    w.conn->send(e, msg->data(), msg->size(), [msg] {});
+    Link(w.conn, false).send(e, Payload::memory(msg->data(), msg->size(), msg));
     return;
   }
   uint32_t expected = h.pushers ? h.pushers : num_workers_;
@@ -112,13 +112,13 @@ void SumEngine::handle(PushWork& w) {
   }
   st.reply_to[h.sender] = w.conn;
   size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
-  if (w.shm) {
-    st.shm.push_back(ShmPart{std::move(w.shm), h.shm_offset, h.shm_segment, h.sender});
-  } else if (!st.acc) {
-    st.acc = std::move(w.data);  // the first socket push becomes the sum: no copy
+  if (w.data.in_slot()) {
+    st.shm.push_back(SlotPart{std::move(w.data), h.sender});
+  } else if (!st.acc.keep) {  // pushed bytes always come with their buffer
+    st.acc = std::move(w.data);  // the first pushed bytes become the sum: no copy
   } else {
-    sum_into(st.acc->data(), w.data->data(), count, static_cast<DType>(h.dtype));
-    w.data.reset();
+    sum_into(st.acc.data, w.data.data, count, static_cast<DType>(h.dtype));
+    w.data = Payload{};
   }
   if (++st.count < st.expected) return;
   complete(st, h);
@@ -127,12 +127,9 @@ void SumEngine::handle(PushWork& w) {
 namespace {
 // Keeps a shared-memory slot from being reused while replies still read it.
 struct SlotHold {
-  std::shared_ptr<ShmSegment> seg;
-  uint64_t off;
-  SlotHold(std::shared_ptr<ShmSegment> s, uint64_t o) : seg(std::move(s)), off(o) {
-    seg->ref(off, 1);
-  }
-  ~SlotHold() { seg->unref(off); }
+  Payload slot;
+  explicit SlotHold(Payload s) : slot(std::move(s)) { slot.ref(1); }
+  ~SlotHold() { slot.unref(); }
 };
 }  // namespace
 
@@ -144,38 +141,30 @@ void SumEngine::complete(KeyState& st, const FrameHeader& h) {
   r.pushers = 0;
   auto dt = static_cast<DType>(h.dtype);
   size_t count = h.len / dtype_size(dt);
-  std::shared_ptr<Buffer> acc = std::move(st.acc);
-  std::shared_ptr<void> keep;  // whatever the socket replies read from
-  const char* result = acc ? static_cast<const char*>(acc->data()) : nullptr;
+  Payload result = std::move(st.acc);  // the sum as bytes, unless a slot takes it
+  st.acc = Payload{};
   if (!st.shm.empty()) {
     // The sum is finished in the last shared-memory part, so the pusher that
     // owns it reads the result where it wrote its input (no copy back).
-    ShmPart& home = st.shm.back();
-    char* dst = home.seg->at(home.off);
-    if (acc) sum_into(dst, acc->data(), count, dt);
+    const Payload& home = st.shm.back().slot;
+    if (!result.empty()) sum_into(home.data, result.data, count, dt);
     for (size_t i = 0; i + 1 < st.shm.size(); ++i)
-      sum_into(dst, st.shm[i].seg->at(st.shm[i].off), count, dt);
+      sum_into(home.data, st.shm[i].slot.data, count, dt);
     for (size_t i = 0; i + 1 < st.shm.size(); ++i)
-      std::memcpy(st.shm[i].seg->at(st.shm[i].off), dst, h.len);
-    acc.reset();
-    result = dst;
-    keep = std::make_shared<SlotHold>(home.seg, home.off);
-  } else {
-    keep = acc;
+      std::memcpy(st.shm[i].slot.data, home.data, h.len);
+    // Socket replies read from the slot; it stays held until the last is written.
+    auto hold = std::make_shared<SlotHold>(home);
+    result = Payload::memory(home.data, h.len, hold);
   }
-  std::vector<bool> via_shm(num_workers_, false);
+  std::vector<bool> in_slot(num_workers_, false);
+  // A pusher whose part lay in a slot reads the sum in that same slot.
   for (auto& p : st.shm) {
-    via_shm[p.sender] = true;
-    FrameHeader s = r;
-    s.flags = kFlagShm;
-    s.shm_segment = p.segment;
-    s.shm_offset = p.off;
-    st.reply_to[p.sender]->send(s, nullptr, 0);
+    in_slot[p.sender] = true;
+    Link(st.reply_to[p.sender], true).send(r, p.slot);
   }
   for (uint32_t i = 0; i < num_workers_; ++i) {
-    if (!st.reply_to[i] || via_shm[i]) continue;
-    // The result stays valid until the last reply is written.
-    st.reply_to[i]->send(r, result, r.len, [keep] {});
+    if (!st.reply_to[i] || in_slot[i]) continue;
+    Link(st.reply_to[i], false).send(r, result);
   }
   st.shm.clear();
   st.count = 0;

@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
-#include "transport/shm.h"
+#include "protocol/messages.h"
+#include "transport/payload.h"
 #include "transport/tcp.h"
 
 namespace fastps {
@@ -22,8 +23,7 @@ namespace fastps {
 struct PushWork {
   std::shared_ptr<Connection> conn;
   FrameHeader hdr;
-  std::shared_ptr<Buffer> data;       // payload received over the socket, or
-  std::shared_ptr<ShmSegment> shm;    // the pusher's segment holding the part (kFlagShm)
+  Payload data;  // the part: received bytes, or a slot in a colocated worker's segment
 };
 
 class SumEngine {
@@ -39,16 +39,14 @@ class SumEngine {
   uint64_t parts_summed() const { return parts_summed_; }
 
  private:
-  // A part pushed through shared memory: summed in place, answered in place.
-  struct ShmPart {
-    std::shared_ptr<ShmSegment> seg;
-    uint64_t off;
-    uint32_t segment;  // rank of the worker whose segment it is
+  // A part pushed as a shared-memory slot: summed in place, answered in place.
+  struct SlotPart {
+    Payload slot;
     uint32_t sender;
   };
   struct KeyState {
-    std::shared_ptr<Buffer> acc;  // sum of the parts that came over sockets
-    std::vector<ShmPart> shm;     // parts in shared memory, summed when all are in
+    Payload acc;                  // sum of the parts that came as bytes (empty: none yet)
+    std::vector<SlotPart> shm;    // parts in shared memory, summed when all are in
     uint32_t count = 0;
     uint32_t expected = 0;
     uint8_t dtype = 0;

@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "transport/handshake.h"
+#include "transport/link.h"
 #include "transport/socket.h"
 
 namespace fastps {
@@ -107,6 +108,13 @@ void Server::set_pacing(std::vector<double> per_rank) {
   }
 }
 
+Payload Server::resolve(uint32_t segment, uint64_t offset, uint64_t len) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = shm_.find(segment);
+  if (it == shm_.end() || !it->second->contains(offset, len)) return Payload{};
+  return Payload::slot(it->second, segment, offset, len);
+}
+
 std::shared_ptr<Connection> Server::find(Connection* c) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& p : conns_)
@@ -126,7 +134,7 @@ void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
     *why = "malformed push header";
     return nullptr;
   }
-  if (h.flags & kFlagShm) return nullptr;  // the part is in shared memory
+  if (payload_bytes(h) == 0 && h.len > 0) return nullptr;  // a slot reference
   auto buf = pool_->get(h.len);
   void* dst = buf->data();
   c->rx_hold = std::move(buf);
@@ -165,24 +173,14 @@ void Server::on_frame(Connection* c, const FrameHeader& h, void* payload) {
   w.conn = find(c);
   w.hdr = h;
   if (!w.conn) return;
-  if (h.flags & kFlagShm) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // Any colocated worker's segment: a local reduce leaves a part's sum in
-      // the segment of one of the host's workers, not always the pusher's.
-      auto it = shm_.find(h.shm_segment);
-      if (it != shm_.end() && it->second->contains(h.shm_offset, h.len))
-        w.shm = it->second;
-    }
-    if (!w.shm) {
-      LOG_WARN("server " << opts_.server_id << ": " << c->desc()
-                         << " pushed a shared-memory part outside its segment; closing");
-      loops_.front()->close(c);
-      return;
-    }
-  } else {
-    w.data = std::static_pointer_cast<Buffer>(std::move(c->rx_hold));
-    if (!w.data) w.data = pool_->get(0);
+  // A slot may lie in any colocated worker's segment: a local reduce leaves a
+  // part's sum in the segment of one of the host's workers, not always the pusher's.
+  w.data = received_payload(h, payload, std::move(c->rx_hold), this);
+  if (refers_to_slot(h) && !w.data.in_slot()) {
+    LOG_WARN("server " << opts_.server_id << ": " << c->desc()
+                       << " pushed a shared-memory part outside the mapped segments; closing");
+    loops_.front()->close(c);
+    return;
   }
   uint64_t key = part_key(h.tensor, h.part);
   engines_[(key >> 7) % engines_.size()]->post(std::move(w));

@@ -12,6 +12,7 @@
 
 #include "common/buffer_pool.h"
 #include "server/engine.h"
+#include "transport/payload.h"
 #include "transport/tcp.h"
 
 namespace fastps {
@@ -28,7 +29,7 @@ struct ServerOptions {
   double handshake_timeout_s = 5.0;
 };
 
-class Server : public FrameHandler {
+class Server : public FrameHandler, public SlotSpace {
  public:
   explicit Server(ServerOptions opts);
   ~Server() override;
@@ -46,6 +47,8 @@ class Server : public FrameHandler {
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
   void on_frame(Connection* c, const FrameHeader& h, void* payload) override;
   void on_close(Connection* c, bool clean, const std::string& reason) override;
+  // A slot in any colocated worker's segment that this server mapped.
+  Payload resolve(uint32_t segment, uint64_t offset, uint64_t len) const override;
 
  private:
   void accept_loop();

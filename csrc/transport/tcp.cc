@@ -121,7 +121,7 @@ bool Connection::on_readable(std::string* why, bool* clean) {
         *why = "malformed frame header";
         return false;
       }
-      if (rx_hdr_.type == static_cast<uint8_t>(MsgType::kBye)) {
+      if (rx_hdr_.type == kFrameBye) {
         saw_bye_ = true;
         continue;
       }

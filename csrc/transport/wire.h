@@ -1,5 +1,7 @@
-// Frames exchanged between workers and summation servers. Every data frame is
-// a fixed header followed by `len` payload bytes. Little-endian hosts only.
+// The frame format on every connection: a fixed 64-byte header followed by
+// `len` payload bytes, or by none when the payload is a shared-memory slot
+// reference (kFlagShm). Little-endian hosts only. What the frame types and
+// the tensor fields mean is the application's: protocol/messages.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,18 +15,10 @@ constexpr size_t kNonceBytes = 32;
 // Upper bound on one part; larger frames are treated as garbage.
 constexpr uint64_t kMaxPartBytes = 1ull << 31;
 
-enum class MsgType : uint8_t {
-  kPush = 1,    // worker -> server: a part to add to this round's sum
-  kResult = 2,  // server -> worker: the complete sum of a part (answers a push)
-  kError = 3,   // server -> worker: this part cannot be summed (payload: text)
-  kFatal = 4,   // server -> worker: the job cannot go on (payload: text)
-  kBye = 5,     // either side: clean close follows
-  kShmAttach = 6,    // worker -> colocated server: map my segment (shm_segment = my rank)
-  kShmAttached = 7,  // server -> worker: mapped (len 0) or not (payload: why)
-  kLocalPush = 8,    // worker -> local owner of a part: my contribution to it
-  kLocalResult = 9,  // local owner -> worker: the part's global sum
-  kLocalError = 10,  // local owner -> worker: this tensor failed (payload: text)
-};
+// The one frame type the transport itself understands: the sender closes the
+// connection cleanly after it. Every other type belongs to the application
+// (protocol/messages.h); the transport only carries it.
+constexpr uint8_t kFrameBye = 5;
 
 // FrameHeader.flags bits.
 constexpr uint16_t kFlagShm = 1;  // the part lies in shared memory; no payload follows
@@ -39,7 +33,7 @@ struct FrameHeader {
   uint32_t sender;         // worker rank (pushes) or server id (replies)
   uint32_t part;           // part index within its tensor
   uint64_t tensor;         // tensor id, the same on every worker
-  uint64_t len;            // payload bytes following the header
+  uint64_t len;            // payload bytes (following the header unless kFlagShm)
   uint64_t tensor_bytes;   // whole tensor's bytes, to catch mismatched workers
   uint64_t round;          // how many times this part was pushed before
   uint64_t shm_offset;     // kFlagShm: byte offset of the part in the segment
@@ -66,12 +60,6 @@ static_assert(sizeof(FrameHeader) == 64, "wire header layout");
 static_assert(offsetof(FrameHeader, tensor) == 16 && offsetof(FrameHeader, shm_offset) == 48 &&
                   offsetof(FrameHeader, pushers) == 60,
               "wire header layout");
-
-// The key of a part on both ends of the wire: tensor id mixed with the part index. Workers
-// and servers index their per-part state by it, so it must be the same everywhere.
-inline uint64_t part_key(uint64_t tensor, uint32_t part) {
-  return tensor ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ull);
-}
 
 // Bytes that follow a header on the socket: none for parts that lie in shared memory.
 inline uint64_t payload_bytes(const FrameHeader& h) { return (h.flags & kFlagShm) ? 0 : h.len; }

@@ -58,7 +58,7 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     Peer p;
     p.rank = peer;
     auto c = std::make_shared<Connection>(fd, p, "local worker " + std::to_string(peer), handler);
-    peers_[peer] = c;
+    peers_[peer] = Link(c, true);
     out.push_back(c);
   };
   for (uint32_t r : opts_.local_ranks) {
@@ -130,47 +130,32 @@ uint32_t LocalGroup::owner(uint64_t tensor, uint32_t part) const {
   return opts_.local_ranks[(start + part) % size()];
 }
 
-const std::shared_ptr<Connection>& LocalGroup::peer(uint32_t rank) const {
-  return peers_.at(rank);
-}
+const Link& LocalGroup::peer(uint32_t rank) const { return peers_.at(rank); }
 
 bool LocalGroup::is_peer(const Connection* c) const {
   auto it = peers_.find(c->peer().rank);
-  return it != peers_.end() && it->second.get() == c;
+  return it != peers_.end() && it->second.connection() == c;
 }
 
-ShmSegment* LocalGroup::segment_of(uint32_t rank) const {
-  if (rank == opts_.rank) return own_.get();
+std::shared_ptr<ShmSegment> LocalGroup::segment_of(uint32_t rank) const {
+  if (rank == opts_.rank) return own_;
   auto it = peers_seg_.find(rank);
-  return it == peers_seg_.end() ? nullptr : it->second.get();
+  return it == peers_seg_.end() ? nullptr : it->second;
 }
 
-Staging LocalGroup::stage(size_t len, BufferPool* pool) {
-  Staging s;
+Payload LocalGroup::stage(size_t len, BufferPool* pool) {
   int64_t off = arena_ ? arena_->alloc(len) : -1;
-  if (off >= 0) {
-    s.segment = opts_.rank;
-    s.offset = static_cast<uint64_t>(off);
-    s.data = own_->at(s.offset);
-  } else {
-    s.heap = pool->get(len);
-    s.data = static_cast<char*>(s.heap->data());
-  }
-  return s;
+  if (off >= 0) return Payload::slot(own_, opts_.rank, static_cast<uint64_t>(off), len);
+  if (!pool) return Payload{};
+  auto buf = pool->get(len);
+  void* data = buf->data();
+  return Payload::memory(data, len, std::move(buf));
 }
 
-char* LocalGroup::resolve(uint32_t segment, uint64_t offset, uint64_t len) const {
-  ShmSegment* seg = segment_of(segment);
-  if (!seg || !seg->contains(offset, len)) return nullptr;
-  return seg->at(offset);
-}
-
-void LocalGroup::ref(const Staging& s, uint32_t n) const {
-  if (s.in_shm() && n) segment_of(s.segment)->ref(s.offset, n);
-}
-
-void LocalGroup::unref(const Staging& s) const {
-  if (s.in_shm()) segment_of(s.segment)->unref(s.offset);
+Payload LocalGroup::resolve(uint32_t segment, uint64_t offset, uint64_t len) const {
+  auto seg = segment_of(segment);
+  if (!seg || !seg->contains(offset, len)) return Payload{};
+  return Payload::slot(std::move(seg), segment, offset, len);
 }
 
 }  // namespace fastps

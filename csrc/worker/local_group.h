@@ -12,8 +12,9 @@
 
 #include "common/buffer_pool.h"
 #include "transport/shm.h"
+#include "transport/link.h"
+#include "transport/payload.h"
 #include "transport/tcp.h"
-#include "worker/staging.h"
 
 namespace fastps {
 
@@ -27,10 +28,10 @@ struct LocalGroupOptions {
   double timeout_s = 60.0;
 };
 
-class LocalGroup {
+class LocalGroup : public SlotSpace {
  public:
   explicit LocalGroup(LocalGroupOptions opts);
-  ~LocalGroup();
+  ~LocalGroup() override;
   // Creates this worker's segment and starts listening for local peers.
   void open();
   // Connects every pair of local workers (lower rank accepts, higher connects)
@@ -47,19 +48,18 @@ class LocalGroup {
   const std::vector<uint32_t>& ranks() const { return opts_.local_ranks; }
   // The local worker (global rank) that reduces and pushes this part.
   uint32_t owner(uint64_t tensor, uint32_t part) const;
-  const std::shared_ptr<Connection>& peer(uint32_t rank) const;
+  // The link to a local peer (it maps this worker's segment, and this worker its).
+  const Link& peer(uint32_t rank) const;
   bool is_peer(const Connection* c) const;
 
-  // A slot of len bytes in this worker's segment, else a private buffer.
-  Staging stage(size_t len, BufferPool* pool);
-  // The bytes at (segment, offset) if that range lies in a local segment.
-  char* resolve(uint32_t segment, uint64_t offset, uint64_t len) const;
-  // Takes / drops one hold on a slot (no-op for private buffers).
-  void ref(const Staging& s, uint32_t n) const;
-  void unref(const Staging& s) const;
+  // A slot of len bytes in this worker's segment holding one reference, else
+  // a private buffer from pool (none without a pool: an empty payload).
+  Payload stage(size_t len, BufferPool* pool);
+  // A slot in a local segment (this worker's or a peer's).
+  Payload resolve(uint32_t segment, uint64_t offset, uint64_t len) const override;
 
  private:
-  ShmSegment* segment_of(uint32_t rank) const;
+  std::shared_ptr<ShmSegment> segment_of(uint32_t rank) const;
 
   LocalGroupOptions opts_;
   int listen_fd_ = -1;
@@ -67,7 +67,7 @@ class LocalGroup {
   std::unique_ptr<ShmArena> arena_;
   bool own_unlinked_ = false;
   std::unordered_map<uint32_t, std::shared_ptr<ShmSegment>> peers_seg_;
-  std::unordered_map<uint32_t, std::shared_ptr<Connection>> peers_;
+  std::unordered_map<uint32_t, Link> peers_;
 };
 
 }  // namespace fastps

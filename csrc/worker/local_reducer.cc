@@ -96,19 +96,11 @@ void LocalReducer::contribute(const PartTask& task) {
   ctx_.parts->set_stage(t.key(), t.mine, true);  // before the owner can answer
   FrameHeader hdr = part_header(MsgType::kLocalPush, t, ctx_.rank);
   uint32_t owner = group.owner(hdr.tensor, hdr.part);
-  bool ok;
-  if (t.mine.in_shm()) {
-    hdr.flags = kFlagShm;
-    hdr.shm_segment = t.mine.segment;
-    hdr.shm_offset = t.mine.offset;
-    ok = group.peer(owner)->send(hdr, nullptr, 0);
-    ctx_.stats->contributed_shm++;
-  } else {
-    ctx_.stats->contributed_socket++;
-    auto heap = t.mine.heap;  // no slot free: the bytes go over the local socket
-    ok = group.peer(owner)->send(hdr, t.mine.data, len, [heap] {});
-  }
-  if (!ok) ctx_.failures->abort("lost connection to local worker " + std::to_string(owner));
+  const Link& link = group.peer(owner);
+  // No slot free: the bytes go over the local socket instead.
+  (link.by_slot(t.mine) ? ctx_.stats->contributed_shm : ctx_.stats->contributed_socket)++;
+  if (!link.send(hdr, t.mine))
+    ctx_.failures->abort("lost connection to local worker " + std::to_string(owner));
 }
 
 std::string LocalReducer::check_contribution(const PartTask& t, const FrameHeader& h) const {
@@ -162,11 +154,11 @@ void LocalReducer::reduce_owned(OwnerState st) {
   // slot then carries the part to the server and the sum back to everyone.
   size_t home = st.got.size();
   for (size_t i = 0; i < st.got.size(); ++i)
-    if (st.got[i].data.in_shm()) {
+    if (st.got[i].data.in_slot()) {
       home = i;
       break;
     }
-  Staging acc;
+  Payload acc;
   if (home < st.got.size()) {
     acc = st.got[home].data;
     if (count) sum_into(acc.data, own, count, h.dtype);
@@ -201,22 +193,14 @@ void LocalReducer::on_server_result(const PartTask& t) {
 
 void LocalReducer::broadcast_result(const PartTask& t) {
   LocalGroup& group = *ctx_.group;
-  const Staging& acc = t.stage;
+  const Payload& acc = t.stage;
   // Holds for the owner and every peer that did not create the slot; each
   // drops its hold after copying the sum out (the creator drops its own).
-  group.ref(acc, static_cast<uint32_t>(group.size() - 1));
+  acc.ref(static_cast<uint32_t>(group.size() - 1));
   FrameHeader hdr = part_header(MsgType::kLocalResult, t, ctx_.rank);
-  if (acc.in_shm()) {
-    hdr.flags = kFlagShm;
-    hdr.shm_segment = acc.segment;
-    hdr.shm_offset = acc.offset;
-  }
   for (uint32_t r : group.ranks()) {
     if (r == ctx_.rank) continue;
-    bool ok = acc.in_shm()
-                  ? group.peer(r)->send(hdr, nullptr, 0)
-                  : group.peer(r)->send(hdr, acc.data, t.span.len, [heap = acc.heap] {});
-    if (!ok) {
+    if (!group.peer(r).send(hdr, acc)) {
       ctx_.failures->abort("lost connection to local worker " + std::to_string(r));
       return;
     }
@@ -229,8 +213,8 @@ void LocalReducer::finish_from(const PartTask& t, const char* src) {
   char* dst = h.out + t.span.offset;
   if (src && src != dst && t.span.len) std::memcpy(dst, src, t.span.len);
   if (h.scale != 1.0) scale(dst, t.span.len / dtype_size(h.dtype), h.dtype, h.scale);
-  ctx_.group->unref(t.stage);
-  if (t.mine.in_shm() && !t.mine.same_slot(t.stage)) ctx_.group->unref(t.mine);
+  t.stage.unref();
+  if (t.mine.in_slot() && !t.mine.same_slot(t.stage)) t.mine.unref();
   ctx_.handles->part_done(t.handle);
 }
 
@@ -242,7 +226,7 @@ void* LocalReducer::on_peer_header(Connection* c, const FrameHeader& h, std::str
     c->rx_hold = std::move(text);
     return dst;
   }
-  if (h.flags & kFlagShm) return nullptr;  // nothing follows the header
+  if (payload_bytes(h) == 0) return nullptr;  // a slot reference: nothing follows
   if (type == MsgType::kLocalPush) {
     auto buf = ctx_.pool->get(h.len);
     void* dst = buf->data();
@@ -265,18 +249,10 @@ void LocalReducer::on_peer_frame(Connection* c, const FrameHeader& h, void* payl
     ctx_.failures->fail_tensor(h.tensor, *text, false);
     return;
   }
-  Staging data;
-  if (h.flags & kFlagShm) {
-    data.segment = h.shm_segment;
-    data.offset = h.shm_offset;
-    data.data = ctx_.group->resolve(h.shm_segment, h.shm_offset, h.len);
-    if (!data.data) {
-      ctx_.failures->abort(c->desc() + " pointed at shared memory outside the local segments");
-      return;
-    }
-  } else if (type == MsgType::kLocalPush) {
-    data.heap = std::static_pointer_cast<Buffer>(std::move(c->rx_hold));
-    data.data = data.heap ? static_cast<char*>(data.heap->data()) : nullptr;
+  Payload data = received_payload(h, payload, std::move(c->rx_hold), ctx_.group);
+  if (data.empty() && h.len > 0) {
+    ctx_.failures->abort(c->desc() + " pointed at shared memory outside the local segments");
+    return;
   }
   if (type == MsgType::kLocalPush) {
     if (ctx_.group->owner(h.tensor, h.part) != ctx_.rank) {
@@ -289,7 +265,7 @@ void LocalReducer::on_peer_frame(Connection* c, const FrameHeader& h, void* payl
   // kLocalResult: the global sum of a part a peer owns.
   PartTask t;
   if (!ctx_.parts->take(part_key(h.tensor, h.part), &t)) return;
-  if (data.in_shm()) {
+  if (data.in_slot()) {
     t.stage = data;
     post(kResultPriority, [this, t] { finish_from(t, t.stage.data); });
   } else {
@@ -306,9 +282,8 @@ void LocalReducer::drop_tensor(uint64_t tensor, const std::string& msg, bool tel
     e.type = static_cast<uint8_t>(MsgType::kLocalError);
     e.sender = ctx_.rank;
     e.tensor = tensor;
-    e.len = text->size();
     for (uint32_t r : ctx_.group->ranks())
-      if (r != ctx_.rank) ctx_.group->peer(r)->send(e, text->data(), text->size(), [text] {});
+      if (r != ctx_.rank) ctx_.group->peer(r).send(e, Payload::memory(text->data(), text->size(), text));
   }
   std::lock_guard<std::mutex> lock(own_mu_);
   for (auto it = owned_.begin(); it != owned_.end();) {

@@ -72,7 +72,7 @@ class LocalReducer {
   // A local peer's contribution to a part this worker owns.
   struct Contribution {
     FrameHeader hdr;
-    Staging data;
+    Payload data;
   };
   struct OwnerState {
     bool have_task = false;

@@ -74,7 +74,7 @@ bool PartTable::mark_in_flight(const PushTicket& t, PartTask* out) {
   return true;
 }
 
-void PartTable::set_stage(uint64_t key, const Staging& s, bool mine) {
+void PartTable::set_stage(uint64_t key, const Payload& s, bool mine) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pending_.find(key);
   if (it == pending_.end()) return;

@@ -11,11 +11,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "transport/wire.h"
+#include "protocol/messages.h"
+#include "transport/payload.h"
 #include "worker/handle.h"
 #include "worker/partitioner.h"
 #include "worker/push_scheduler.h"
-#include "worker/staging.h"
 
 namespace fastps {
 
@@ -23,8 +23,8 @@ struct PartTask {
   std::shared_ptr<Handle> handle;
   PartSpan span{};
   bool owned = true;  // false: a local peer reduces and pushes this part
-  Staging stage;      // bytes pushed and where the sum lands; empty: the user's memory
-  Staging mine;       // not owned: this worker's contribution, held until the sum is back
+  Payload stage;  // bytes pushed and where the sum lands (a slot or a buffer); empty: the user's memory
+  Payload mine;   // not owned: this worker's contribution, held until the sum is back
   bool in_flight = false;  // pushed: in its server's window until answered or failed
 
   uint64_t key() const { return part_key(handle->tensor->id, span.index); }
@@ -47,7 +47,7 @@ class PartTable {
   // The scheduler took this ticket: marks its part as pushed and copies it out.
   // False if the part failed meanwhile, or is a later push_pull's (tag differs).
   bool mark_in_flight(const PushTicket& t, PartTask* out);
-  void set_stage(uint64_t key, const Staging& s, bool mine);
+  void set_stage(uint64_t key, const Payload& s, bool mine);
   // Where the sum of this part goes, if a frame of len bytes answering it is
   // expected (owned: from a server; else from the local owner); else nullptr.
   void* receive_into(uint64_t key, uint64_t len, bool owned) const;

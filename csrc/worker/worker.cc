@@ -82,8 +82,7 @@ Worker::~Worker() { shutdown(); }
 
 void Worker::start() {
   loop_ = std::make_unique<EventLoop>("worker-io");
-  conns_.resize(opts_.servers.size());
-  server_shm_.assign(opts_.servers.size(), false);
+  links_.resize(opts_.servers.size());
   // The segment exists before anyone can ask to map it.
   if (local_) local_->open();
   for (size_t s = 0; s < opts_.servers.size(); ++s) {
@@ -103,13 +102,13 @@ void Worker::start() {
       Peer p;
       p.rank = static_cast<uint32_t>(s);
       p.conn_index = static_cast<uint32_t>(k);
-      conns_[s].push_back(std::make_shared<Connection>(fd, p, desc, this));
+      links_[s].emplace_back(std::make_shared<Connection>(fd, p, desc, this), false);
     }
   }
   std::vector<std::shared_ptr<Connection>> peers;
   if (local_reduce_) peers = local_->connect_peers(this);
-  for (auto& per_server : conns_)
-    for (auto& c : per_server) loop_->add(c);
+  for (auto& per_server : links_)
+    for (auto& l : per_server) loop_->add(l.shared());
   for (auto& c : peers) loop_->add(c);
   loop_->start();
   if (local_) {
@@ -131,7 +130,7 @@ void Worker::attach_local_servers() {
     h.type = static_cast<uint8_t>(MsgType::kShmAttach);
     h.sender = opts_.rank;
     h.shm_segment = opts_.rank;
-    if (conns_[s][0]->send(h, nullptr, 0)) ++asked;
+    if (links_[s][0].send(h)) ++asked;
   }
   std::unique_lock<std::mutex> lock(attach_mu_);
   bool ok = attach_cv_.wait_for(lock, std::chrono::duration<double>(opts_.connect_timeout_s),
@@ -148,7 +147,7 @@ void Worker::on_attached(Connection* c, const std::string& why_not) {
                        << " cannot map this worker's shared memory (" << why_not
                        << "); its parts go over TCP");
   } else {
-    server_shm_[c->peer().rank] = true;
+    for (auto& l : links_[c->peer().rank]) l.set_peer_maps_slots(true);
   }
   {
     std::lock_guard<std::mutex> lock(attach_mu_);
@@ -278,36 +277,25 @@ void Worker::send_part(PartTask t) {
   const Handle& h = *t.handle;
   uint32_t server = t.span.server;
   size_t len = t.span.len;
-  bool via_shm = server_shm_[server] && len > 0;
-  if (via_shm && t.stage.empty()) {
+  auto& per_server = links_[server];
+  const Link& link = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
+  if (link.peer_maps_slots() && t.stage.empty() && len > 0) {
     // One worker here: copy the part into this worker's segment (the only copy
     // on the way in); the server sums it where it lies and answers in place.
-    Staging s = local_->stage(len, nullptr);
+    // No slot free: the part goes from the user's memory over the socket.
+    Payload s = local_->stage(len, nullptr);
     if (!s.empty()) {
       std::memcpy(s.data, h.in + t.span.offset, len);
       parts_.set_stage(t.key(), s, false);
       t.stage = s;
     }
   }
-  via_shm = via_shm && t.stage.in_shm();
-  auto& per_server = conns_[server];
-  auto& conn = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
+  Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len) : t.stage;
   FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
   hdr.pushers = pushers_;
-  auto written = [this, server, len] { scheduler_.written(server, len); };
-  bool ok;
-  if (via_shm) {
-    hdr.flags = kFlagShm;
-    hdr.shm_segment = t.stage.segment;
-    hdr.shm_offset = t.stage.offset;
-    ok = conn->send(hdr, nullptr, 0, written);
-    stats_.pushed_shm++;
-  } else {
-    stats_.pushed_socket++;
-    const char* src = t.stage.empty() ? h.in + t.span.offset : t.stage.data;
-    ok = conn->send(hdr, src, len, written);
-  }
-  if (!ok) abort("lost connection to " + conn->desc());
+  (link.by_slot(p) ? stats_.pushed_shm : stats_.pushed_socket)++;
+  if (!link.send(hdr, p, [this, server, len] { scheduler_.written(server, len); }))
+    abort("lost connection to " + link.desc());
 }
 
 void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
@@ -325,11 +313,11 @@ void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
     c->rx_hold = std::move(text);
     return dst;
   }
-  if (h.flags & kFlagShm) return nullptr;  // nothing follows the header
   if (type != MsgType::kResult) {
     *why = "unexpected frame type " + std::to_string(h.type) + " from " + c->desc();
     return nullptr;
   }
+  if (payload_bytes(h) == 0) return nullptr;  // a slot reference: nothing follows
   void* dst = parts_.receive_into(part_key(h.tensor, h.part), h.len, true);
   if (!dst) *why = "result for a part this worker is not waiting for, from " + c->desc();
   return dst;
@@ -364,8 +352,7 @@ void Worker::on_result(Connection* c, const FrameHeader& h, void* payload) {
   PartTask t;
   if (!parts_.take(part_key(h.tensor, h.part), &t)) return;
   if (t.in_flight) scheduler_.answered(t.ticket());
-  if ((h.flags & kFlagShm) &&
-      (!t.stage.in_shm() || h.shm_segment != t.stage.segment || h.shm_offset != t.stage.offset)) {
+  if (refers_to_slot(h) && !refers_to(h, t.stage)) {
     abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +
           registry_.name_of(h.tensor) + "' in the wrong shared-memory slot");
     return;
@@ -437,20 +424,21 @@ void Worker::shutdown() {
   bye.magic = kFrameMagic;
   bye.type = static_cast<uint8_t>(MsgType::kBye);
   bye.sender = opts_.rank;
-  for (auto& per_server : conns_)
-    for (auto& c : per_server) c->send(bye, nullptr, 0);
+  for (auto& per_server : links_)
+    for (auto& l : per_server) l.send(bye);
   if (local_reduce_)
     for (uint32_t r : local_->ranks())
-      if (r != opts_.rank) local_->peer(r)->send(bye, nullptr, 0);
+      if (r != opts_.rank) local_->peer(r).send(bye);
   // Give the byes a moment to leave before the sockets close.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  for (auto& per_server : conns_)
-    for (auto& c : per_server)
-      while (!c->closed() && std::chrono::steady_clock::now() < deadline && !c->idle())
+  for (auto& per_server : links_)
+    for (auto& l : per_server)
+      while (!l.connection()->closed() && std::chrono::steady_clock::now() < deadline &&
+             !l.connection()->idle())
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (loop_) loop_->stop();
   failures_.fail_for_shutdown("fastps was shut down while this push_pull was running");
-  conns_.clear();
+  links_.clear();
   // Normally long gone; after a peer crashed before unlinking, the survivors do it.
   if (local_) local_->unlink_all();
 }

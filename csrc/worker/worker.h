@@ -19,6 +19,7 @@
 
 #include "common/buffer_pool.h"
 #include "common/dtype.h"
+#include "transport/link.h"
 #include "transport/tcp.h"
 #include "worker/handle.h"
 #include "worker/failure_fanout.h"
@@ -127,9 +128,6 @@ class Worker : public FrameHandler {
   std::unique_ptr<LocalReducer> reducer_;  // the local stage; null without local_
   bool local_reduce_ = false;              // several workers here: parts reduced locally first
   uint32_t pushers_ = 0;                   // pushes per part each server waits for
-  // Server s mapped this host's segments: written by the loop thread before
-  // start() returns (attach_mu_ orders it), read-only afterwards.
-  std::vector<bool> server_shm_;
   Stats stats_;
 
   // Lock order of the worker and its parts (a lock may be taken while holding
@@ -144,7 +142,9 @@ class Worker : public FrameHandler {
   size_t attach_replies_ = 0;
 
   std::unique_ptr<EventLoop> loop_;
-  std::vector<std::vector<std::shared_ptr<Connection>>> conns_;  // [server][k]
+  // [server][k]. Whether a server mapped this host's segments is set on its
+  // links by the loop thread before start() returns (attach_mu_ orders it).
+  std::vector<std::vector<Link>> links_;
   std::thread pusher_;
 };
 

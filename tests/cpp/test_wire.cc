@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "transport/tcp.h"
+#include "protocol/messages.h"
 #include "transport/wire.h"
 
 namespace fastps {
