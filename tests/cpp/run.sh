@@ -2,6 +2,7 @@
 # Builds and runs the C++ unit tests (GoogleTest through ctest) in a build
 # directory outside the source tree, one per checkout. Installs GoogleTest from
 # Debian if it is missing. Extra arguments go to ctest (e.g. -R PushScheduler).
+# FASTPS_SANITIZE=1: build and run under AddressSanitizer and UBSan instead.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,7 +19,10 @@ if [ ! -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] &&
 fi
 
 HASH="$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)"
-BUILD="${FASTPS_CPP_BUILD_DIR:-${TMPDIR:-/tmp}/fastps-cpp-tests-$HASH}"
+SAN="${FASTPS_SANITIZE:-0}"
+SUFFIX=""
+[ "$SAN" = "1" ] && SUFFIX="-asan"
+BUILD="${FASTPS_CPP_BUILD_DIR:-${TMPDIR:-/tmp}/fastps-cpp-tests-$HASH$SUFFIX}"
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 # A cache whose build tool is gone (say, a ninja from a deleted virtual
@@ -28,10 +32,13 @@ if [ -f "$BUILD/CMakeCache.txt" ]; then
   if [ -n "$MAKE_PROGRAM" ] && [ ! -x "$MAKE_PROGRAM" ]; then rm -rf "$BUILD"; fi
 fi
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  SANFLAG=OFF
+  [ "$SAN" = "1" ] && SANFLAG=ON
   cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFASTPS_BUILD_TESTS=ON -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
+    -DFASTPS_BUILD_TESTS=ON -DFASTPS_SANITIZE="$SANFLAG" \
+    -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
 fi
-TARGETS=(test_push_scheduler test_partitioner test_kernels test_wire test_loopback)
+TARGETS=(test_push_scheduler test_partitioner test_kernels test_wire test_link test_loopback)
 JOBS="$(nproc 2>/dev/null || echo 2)"
 cmake --build "$BUILD" --parallel "$JOBS" --target "${TARGETS[@]}"
 cd "$BUILD"

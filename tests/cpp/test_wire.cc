@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "frame_recorder.h"
 #include "transport/tcp.h"
 #include "protocol/messages.h"
 #include "transport/wire.h"
@@ -84,51 +85,6 @@ TEST(Wire, PartKeyIsStableAndSeparatesParts) {
     for (uint32_t p = 0; p < 1000; ++p) keys.insert(part_key(t, p));
   EXPECT_EQ(keys.size(), 4000u);
 }
-
-// Receives every frame into its own buffer and records what arrived.
-class Recorder : public FrameHandler {
- public:
-  void* on_header(Connection*, const FrameHeader& h, std::string* why) override {
-    if (h.type == 99) {
-      *why = "type 99 refused";
-      return nullptr;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    bufs.emplace_back(h.len, '\0');
-    return bufs.back().data();
-  }
-  void on_frame(Connection*, const FrameHeader& h, void* payload) override {
-    std::lock_guard<std::mutex> lock(mu);
-    frames.push_back(h);
-    payloads.push_back(payload_bytes(h) ? std::string(static_cast<char*>(payload), h.len) : "");
-    cv.notify_all();
-  }
-  void on_close(Connection*, bool clean, const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mu);
-    closed = true;
-    close_reason = reason;
-    cv.notify_all();
-  }
-  template <typename Pred>
-  bool wait(Pred p) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(10), p);
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::string> bufs;
-  std::vector<FrameHeader> frames;
-  std::vector<std::string> payloads;
-  bool closed = false;
-  std::string close_reason;
-};
-
-class Null : public FrameHandler {
- public:
-  void* on_header(Connection*, const FrameHeader&, std::string*) override { return nullptr; }
-  void on_frame(Connection*, const FrameHeader&, void*) override {}
-  void on_close(Connection*, bool, const std::string&) override {}
-};
 
 TEST(Wire, FramesCrossAConnectionIntact) {
   int sv[2];

@@ -1,0 +1,169 @@
+// The transport seam: a link sends a payload as a slot reference only when it
+// lies in a slot its peer mapped, else as bytes; received_payload turns what
+// arrived back into the same payload, and refuses references outside the
+// mapped segments.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "frame_recorder.h"
+#include "transport/link.h"
+#include "transport/payload.h"
+#include "transport/shm.h"
+
+namespace fastps {
+namespace {
+
+// One segment standing for "worker 3's", mapped by both ends of the test.
+class OneSegment : public SlotSpace {
+ public:
+  explicit OneSegment(std::shared_ptr<ShmSegment> s) : seg(std::move(s)) {}
+  Payload resolve(uint32_t segment, uint64_t offset, uint64_t len) const override {
+    if (segment != 3 || !seg->contains(offset, len)) return Payload{};
+    return Payload::slot(seg, segment, offset, len);
+  }
+  std::shared_ptr<ShmSegment> seg;
+};
+
+class LinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    name_ = shm_segment_name("cpptest-link-" + std::to_string(::getpid()), 3);
+    seg_ = ShmSegment::create(name_, 16 * kShmPage);
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    tx_ = std::make_shared<Connection>(sv[0], Peer{}, "tx", &null_);
+    rx_ = std::make_shared<Connection>(sv[1], Peer{}, "rx", &rec_);
+    loop_.add(tx_);
+    loop_.add(rx_);
+    loop_.start();
+  }
+  void TearDown() override {
+    loop_.stop();
+    ShmSegment::unlink(name_);
+  }
+  FrameHeader header() const {
+    FrameHeader h{};
+    h.magic = kFrameMagic;
+    h.type = 1;
+    h.tensor = 42;
+    return h;
+  }
+  Payload received(size_t i, const SlotSpace* slots) {
+    return received_payload(rec_.frames[i], rec_.raw[i], rec_.holds[i], slots);
+  }
+
+  std::string name_;
+  std::shared_ptr<ShmSegment> seg_;
+  Null null_;
+  Recorder rec_;
+  EventLoop loop_{"test-link"};
+  std::shared_ptr<Connection> tx_, rx_;
+};
+
+TEST_F(LinkTest, ChoosesTheWayFromPayloadAndPeer) {
+  Payload slot = Payload::slot(seg_, 3, 2 * kShmPage, 100);
+  char bytes[8] = {};
+  Payload mem = Payload::memory(bytes, sizeof bytes);
+  Link mapped(tx_, true), unmapped(tx_, false);
+  EXPECT_TRUE(mapped.by_slot(slot));
+  EXPECT_FALSE(unmapped.by_slot(slot));  // the peer cannot read it: bytes
+  EXPECT_FALSE(mapped.by_slot(mem));
+  EXPECT_FALSE(mapped.by_slot(Payload::slot(seg_, 3, 0, 0)));  // nothing to reference
+}
+
+TEST_F(LinkTest, SlotTravelsAsReferenceAndResolvesToTheSameBytes) {
+  Payload slot = Payload::slot(seg_, 3, 2 * kShmPage, 100);
+  std::memset(slot.data, 0x5A, 100);
+  ASSERT_TRUE(Link(tx_, true).send(header(), slot));
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 1; }));
+  const FrameHeader& h = rec_.frames[0];
+  EXPECT_TRUE(refers_to_slot(h));
+  EXPECT_EQ(payload_bytes(h), 0u);
+  EXPECT_EQ(h.len, 100u);
+  EXPECT_TRUE(refers_to(h, slot));
+  OneSegment space(seg_);
+  Payload got = received(0, &space);
+  ASSERT_TRUE(got.in_slot());
+  EXPECT_TRUE(got.same_slot(slot));
+  EXPECT_EQ(got.data, slot.data);
+  EXPECT_EQ(got.len, 100u);
+  // Without a slot space, or outside the segment, the reference is refused.
+  EXPECT_FALSE(received(0, nullptr).in_slot());
+  EXPECT_TRUE(received(0, nullptr).empty());
+}
+
+TEST_F(LinkTest, SlotTravelsAsBytesToAPeerThatDidNotMapIt) {
+  Payload slot = Payload::slot(seg_, 3, 0, 5000);
+  for (int i = 0; i < 5000; ++i) slot.data[i] = static_cast<char>(i);
+  FrameHeader h = header();
+  h.flags = kFlagShm;  // a stale flag must not survive
+  ASSERT_TRUE(Link(tx_, false).send(h, slot));
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 1; }));
+  EXPECT_FALSE(refers_to_slot(rec_.frames[0]));
+  EXPECT_EQ(rec_.payloads[0], std::string(slot.data, 5000));
+  Payload got = received(0, nullptr);
+  EXPECT_FALSE(got.in_slot());
+  EXPECT_EQ(got.len, 5000u);
+  EXPECT_EQ(std::memcmp(got.data, slot.data, 5000), 0);
+  EXPECT_TRUE(got.keep);  // held by the receive buffer
+}
+
+TEST_F(LinkTest, ReferenceOutsideTheSegmentIsRefused) {
+  FrameHeader h = header();
+  h.flags = kFlagShm;
+  h.shm_segment = 3;
+  h.shm_offset = 15 * kShmPage;
+  h.len = 2 * kShmPage;  // runs past the end
+  ASSERT_TRUE(tx_->send(h, nullptr, 0));
+  h.shm_segment = 4;  // a segment nobody mapped
+  h.len = 10;
+  ASSERT_TRUE(tx_->send(h, nullptr, 0));
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 2; }));
+  OneSegment space(seg_);
+  EXPECT_TRUE(received(0, &space).empty());
+  EXPECT_TRUE(received(1, &space).empty());
+}
+
+TEST_F(LinkTest, MemoryPayloadIsKeptAliveUntilWritten) {
+  auto owner = std::make_shared<std::string>(1 << 20, 'q');
+  std::weak_ptr<std::string> watch = owner;
+  Payload p = Payload::memory(owner->data(), owner->size(), owner);
+  owner.reset();
+  std::atomic<bool> written{false};
+  ASSERT_TRUE(Link(tx_, true).send(header(), p, [&] { written = true; }));
+  p = Payload{};  // the link's copy alone keeps the bytes now
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 1; }));
+  EXPECT_EQ(rec_.payloads[0], std::string(1 << 20, 'q'));
+  // The sender runs its completion just after the last byte left: allow it a moment.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((!written.load() || !watch.expired()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(written.load());
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(Payload, SlotReferenceCounts) {
+  std::string name = shm_segment_name("cpptest-refs-" + std::to_string(::getpid()), 0);
+  auto seg = ShmSegment::create(name, 4 * kShmPage);
+  Payload s = Payload::slot(seg, 0, kShmPage, 10);
+  uint32_t before = seg->refs(kShmPage);
+  s.ref(2);
+  EXPECT_EQ(seg->refs(kShmPage), before + 2);
+  s.unref();
+  EXPECT_EQ(seg->refs(kShmPage), before + 1);
+  Payload m = Payload::memory(nullptr, 0);
+  m.ref(5);  // no-ops for memory
+  m.unref();
+  ShmSegment::unlink(name);
+}
+
+}  // namespace
+}  // namespace fastps
