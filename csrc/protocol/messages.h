@@ -9,10 +9,10 @@
 namespace fastps {
 
 enum class MsgType : uint8_t {
-  kPush = 1,    // worker -> server: a part to add to this round's sum
-  kResult = 2,  // server -> worker: the complete sum of a part (answers a push)
-  kError = 3,   // server -> worker: this part cannot be summed (payload: text)
-  kFatal = 4,   // server -> worker: the job cannot go on (payload: text)
+  kPush = 1,         // worker -> server: a part to add to this round's sum
+  kResult = 2,       // server -> worker: the complete sum of a part (answers a push)
+  kError = 3,        // server -> worker: this part cannot be summed (payload: text)
+  kFatal = 4,        // server -> worker: the job cannot go on (payload: text)
   kBye = kFrameBye,  // either side: clean close follows (handled by the transport)
   kShmAttach = 6,    // worker -> colocated server: map my segment (shm_segment = my rank)
   kShmAttached = 7,  // server -> worker: mapped (len 0) or not (payload: why)

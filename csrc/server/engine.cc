@@ -15,7 +15,9 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id)
 
 SumEngine::~SumEngine() { stop(); }
 
-void SumEngine::start() { thread_ = std::thread([this] { run(); }); }
+void SumEngine::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void SumEngine::stop() {
   {
@@ -95,8 +97,8 @@ void SumEngine::handle(PushWork& w) {
              h.round != st.round || expected != st.expected) {
     std::ostringstream os;
     os << "mismatch in part " << h.part << " of tensor id " << h.tensor << ": worker "
-       << st.first_rank << " pushed " << describe(st.dtype, st.len, st.tensor_bytes)
-       << ", worker " << h.sender << " pushed " << describe(h.dtype, h.len, h.tensor_bytes);
+       << st.first_rank << " pushed " << describe(st.dtype, st.len, st.tensor_bytes) << ", worker "
+       << h.sender << " pushed " << describe(h.dtype, h.len, h.tensor_bytes);
     if (h.round != st.round) os << " (rounds " << st.round << " vs " << h.round << ")";
     if (expected != st.expected)
       os << " (they count " << st.expected << " vs " << expected << " pushing hosts)";
@@ -114,7 +116,7 @@ void SumEngine::handle(PushWork& w) {
   size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
   if (w.data.in_slot()) {
     st.shm.push_back(SlotPart{std::move(w.data), h.sender});
-  } else if (!st.acc.keep) {  // pushed bytes always come with their buffer
+  } else if (!st.acc.keep) {     // pushed bytes always come with their buffer
     st.acc = std::move(w.data);  // the first pushed bytes become the sum: no copy
   } else {
     sum_into(st.acc.data, w.data.data, count, static_cast<DType>(h.dtype));

@@ -45,8 +45,8 @@ class SumEngine {
     uint32_t sender;
   };
   struct KeyState {
-    Payload acc;                  // sum of the parts that came as bytes (empty: none yet)
-    std::vector<SlotPart> shm;    // parts in shared memory, summed when all are in
+    Payload acc;                // sum of the parts that came as bytes (empty: none yet)
+    std::vector<SlotPart> shm;  // parts in shared memory, summed when all are in
     uint32_t count = 0;
     uint32_t expected = 0;
     uint8_t dtype = 0;

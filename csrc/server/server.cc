@@ -80,8 +80,7 @@ void Server::accept_loop() {
     if (!accept_handshake(fd, opts_.job_id, opts_.token, opts_.num_workers,
                           opts_.handshake_timeout_s, &peer, &why)) {
       refused_++;
-      LOG_WARN("server " << opts_.server_id << ": refused connection from " << who << ": "
-                         << why);
+      LOG_WARN("server " << opts_.server_id << ": refused connection from " << who << ": " << why);
       ::close(fd);
       continue;
     }
@@ -123,8 +122,7 @@ std::shared_ptr<Connection> Server::find(Connection* c) {
 }
 
 void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
-  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach) && payload_bytes(h) == 0)
-    return nullptr;
+  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach) && payload_bytes(h) == 0) return nullptr;
   if (h.type != static_cast<uint8_t>(MsgType::kPush)) {
     *why = "unexpected frame type " + std::to_string(h.type);
     return nullptr;

@@ -39,8 +39,7 @@ class Link {
 // Whether a frame's payload is a slot reference, and whether it names slot p.
 inline bool refers_to_slot(const FrameHeader& h) { return (h.flags & kFlagShm) != 0; }
 inline bool refers_to(const FrameHeader& h, const Payload& p) {
-  return refers_to_slot(h) && p.in_slot() && h.shm_segment == p.segment &&
-         h.shm_offset == p.offset;
+  return refers_to_slot(h) && p.in_slot() && h.shm_segment == p.segment && h.shm_offset == p.offset;
 }
 
 // The payload of a frame that arrived: the bytes received after its header

@@ -43,8 +43,8 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
   std::vector<std::shared_ptr<Connection>> out;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opts_.timeout_s);
   auto left = [&] {
-    return std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now())
-                             .count());
+    return std::max(
+        0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
   };
   // After the handshake each side maps the other's segment and says so with
   // one byte, so both know their segment is reachable before any part moves.

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
-#include "transport/shm.h"
 #include "transport/link.h"
 #include "transport/payload.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 
 namespace fastps {

@@ -17,7 +17,9 @@ LocalReducer::LocalReducer(Context ctx) : ctx_(ctx) {}
 
 LocalReducer::~LocalReducer() { stop(); }
 
-void LocalReducer::start() { thread_ = std::thread([this] { run(); }); }
+void LocalReducer::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void LocalReducer::stop() {
   {
@@ -111,8 +113,8 @@ std::string LocalReducer::check_contribution(const PartTask& t, const FrameHeade
   std::ostringstream os;
   os << "tensor '" << own.tensor->name << "': mismatch in part " << t.span.index
      << " between workers on one host: worker " << ctx_.rank << " has " << own.nbytes
-     << " bytes of " << dtype_name(own.dtype) << " (round " << own.tensor->rounds
-     << "), worker " << h.sender << " has " << h.tensor_bytes << " bytes of "
+     << " bytes of " << dtype_name(own.dtype) << " (round " << own.tensor->rounds << "), worker "
+     << h.sender << " has " << h.tensor_bytes << " bytes of "
      << dtype_name(static_cast<DType>(h.dtype)) << " (round " << h.round << ")";
   return os.str();
 }
@@ -283,7 +285,8 @@ void LocalReducer::drop_tensor(uint64_t tensor, const std::string& msg, bool tel
     e.sender = ctx_.rank;
     e.tensor = tensor;
     for (uint32_t r : ctx_.group->ranks())
-      if (r != ctx_.rank) ctx_.group->peer(r).send(e, Payload::memory(text->data(), text->size(), text));
+      if (r != ctx_.rank)
+        ctx_.group->peer(r).send(e, Payload::memory(text->data(), text->size(), text));
   }
   std::lock_guard<std::mutex> lock(own_mu_);
   for (auto it = owned_.begin(); it != owned_.end();) {

@@ -23,8 +23,9 @@ struct PartTask {
   std::shared_ptr<Handle> handle;
   PartSpan span{};
   bool owned = true;  // false: a local peer reduces and pushes this part
-  Payload stage;  // bytes pushed and where the sum lands (a slot or a buffer); empty: the user's memory
-  Payload mine;   // not owned: this worker's contribution, held until the sum is back
+  Payload
+      stage;  // bytes pushed and where the sum lands (a slot or a buffer); empty: the user's memory
+  Payload mine;            // not owned: this worker's contribution, held until the sum is back
   bool in_flight = false;  // pushed: in its server's window until answered or failed
 
   uint64_t key() const { return part_key(handle->tensor->id, span.index); }

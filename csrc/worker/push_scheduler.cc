@@ -25,8 +25,7 @@ void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
     if (p.server >= queues_.size())
       throw std::out_of_range("part " + std::to_string(p.part) + " of tensor id " +
                               std::to_string(p.tensor) + " is for server " +
-                              std::to_string(p.server) + " of " +
-                              std::to_string(queues_.size()));
+                              std::to_string(p.server) + " of " + std::to_string(queues_.size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& p : parts) queues_[p.server].push(p);

@@ -36,8 +36,8 @@ struct PushTicket {
   uint64_t tensor = 0;  // tensor id
   uint32_t part = 0;    // part index within the tensor
   uint32_t server = 0;
-  size_t len = 0;       // bytes
-  int64_t tag = 0;      // the caller's, passed back untouched (the worker: handle id)
+  size_t len = 0;   // bytes
+  int64_t tag = 0;  // the caller's, passed back untouched (the worker: handle id)
 };
 
 // Smaller is more urgent. Strict on everything queued at once, because only
@@ -53,7 +53,8 @@ class PushScheduler {
   // total); a server's window is window_bytes scaled by its share times the
   // number of servers, so an even split gives every server window_bytes.
   // window_bytes 0: no window limit.
-  PushScheduler(size_t credit_bytes, size_t window_bytes, const std::vector<double>& server_weights);
+  PushScheduler(size_t credit_bytes, size_t window_bytes,
+                const std::vector<double>& server_weights);
 
   size_t num_servers() const { return window_.size(); }
   size_t window(size_t server) const { return window_.at(server); }

@@ -27,7 +27,6 @@ std::vector<double> weights_or_equal(const WorkerOptions& o) {
 }
 }  // namespace
 
-
 Worker::Worker(WorkerOptions opts)
     : opts_(std::move(opts)),
       partitioner_(opts_.partition_bytes, weights_or_equal(opts_)),
@@ -157,8 +156,8 @@ void Worker::on_attached(Connection* c, const std::string& why_not) {
 }
 
 std::vector<std::tuple<size_t, size_t, uint32_t>> Worker::part_layout(const std::string& name,
-                                                                       size_t nbytes,
-                                                                       size_t elem) const {
+                                                                      size_t nbytes,
+                                                                      size_t elem) const {
   std::vector<std::tuple<size_t, size_t, uint32_t>> out;
   for (auto& p : partitioner_.split(tensor_id_of(name), nbytes, elem))
     out.emplace_back(p.offset, p.len, p.server);

@@ -21,16 +21,16 @@
 #include "common/dtype.h"
 #include "transport/link.h"
 #include "transport/tcp.h"
-#include "worker/handle.h"
 #include "worker/failure_fanout.h"
+#include "worker/handle.h"
 #include "worker/handle_table.h"
 #include "worker/local_group.h"
 #include "worker/local_reducer.h"
 #include "worker/part_table.h"
-#include "worker/push_scheduler.h"
-#include "worker/worker_stats.h"
 #include "worker/partitioner.h"
+#include "worker/push_scheduler.h"
 #include "worker/registry.h"
+#include "worker/worker_stats.h"
 
 namespace fastps {
 
@@ -102,8 +102,7 @@ class Worker : public FrameHandler {
   bool local_reduce() const { return local_reduce_; }
   // The parts a tensor of this name and size is cut into: (offset, len, server) each.
   std::vector<std::tuple<size_t, size_t, uint32_t>> part_layout(const std::string& name,
-                                                                 size_t nbytes,
-                                                                 size_t elem) const;
+                                                                size_t nbytes, size_t elem) const;
 
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
   void on_frame(Connection* c, const FrameHeader& h, void* payload) override;

@@ -49,7 +49,7 @@ class Recorder : public FrameHandler {
   std::deque<std::string> bufs;
   std::vector<FrameHeader> frames;
   std::vector<std::string> payloads;
-  std::vector<void*> raw;                     // where each payload was received
+  std::vector<void*> raw;                    // where each payload was received
   std::vector<std::shared_ptr<void>> holds;  // and what held it
   bool closed = false;
   std::string close_reason;

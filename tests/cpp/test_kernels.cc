@@ -41,7 +41,7 @@ uint16_t ref_to_bf16(float f) {
   if (f == 0) return std::signbit(f) ? 0x8000 : 0;
   int e;
   double m = std::frexp(static_cast<double>(f), &e);  // f = m * 2^e, 0.5 <= |m| < 1
-  double r = std::nearbyint(std::ldexp(m, 8));         // ties to even (default mode)
+  double r = std::nearbyint(std::ldexp(m, 8));        // ties to even (default mode)
   float g = static_cast<float>(std::ldexp(r, e - 8));
   uint32_t b;
   std::memcpy(&b, &g, 4);
@@ -71,11 +71,29 @@ std::vector<uint8_t> random_bytes(DType dt, size_t n, std::mt19937* rng) {
   for (size_t i = 0; i < n; ++i) {
     uint8_t* p = out.data() + i * dtype_size(dt);
     switch (dt) {
-      case DType::kFloat32: { float v = real(*rng); std::memcpy(p, &v, 4); break; }
-      case DType::kFloat64: { double v = real(*rng) * 1.000001; std::memcpy(p, &v, 8); break; }
-      case DType::kFloat16: { uint16_t v = ref_to_fp16(real(*rng)); std::memcpy(p, &v, 2); break; }
-      case DType::kBFloat16: { uint16_t v = ref_to_bf16(real(*rng)); std::memcpy(p, &v, 2); break; }
-      case DType::kBool: *p = (*rng)() % 2; break;
+      case DType::kFloat32: {
+        float v = real(*rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kFloat64: {
+        double v = real(*rng) * 1.000001;
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        uint16_t v = ref_to_fp16(real(*rng));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        uint16_t v = ref_to_bf16(real(*rng));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBool:
+        *p = (*rng)() % 2;
+        break;
       default:  // integers: any bit pattern, so sums overflow and wrap
         for (size_t b = 0; b < dtype_size(dt); ++b) p[b] = static_cast<uint8_t>((*rng)());
     }
@@ -97,25 +115,56 @@ std::vector<uint8_t> ref_sum(DType dt, const std::vector<uint8_t>& a, const std:
   for (size_t i = 0; i < n; ++i) {
     uint8_t* p = out.data() + i * dtype_size(dt);
     switch (dt) {
-      case DType::kFloat32: { float v = at<float>(a, i) + at<float>(b, i); std::memcpy(p, &v, 4); break; }
-      case DType::kFloat64: { double v = at<double>(a, i) + at<double>(b, i); std::memcpy(p, &v, 8); break; }
+      case DType::kFloat32: {
+        float v = at<float>(a, i) + at<float>(b, i);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kFloat64: {
+        double v = at<double>(a, i) + at<double>(b, i);
+        std::memcpy(p, &v, 8);
+        break;
+      }
       case DType::kFloat16: {
-        uint16_t v = ref_to_fp16(ref_from_fp16(at<uint16_t>(a, i)) + ref_from_fp16(at<uint16_t>(b, i)));
+        uint16_t v =
+            ref_to_fp16(ref_from_fp16(at<uint16_t>(a, i)) + ref_from_fp16(at<uint16_t>(b, i)));
         std::memcpy(p, &v, 2);
         break;
       }
       case DType::kBFloat16: {
-        uint16_t v = ref_to_bf16(ref_from_bf16(at<uint16_t>(a, i)) + ref_from_bf16(at<uint16_t>(b, i)));
+        uint16_t v =
+            ref_to_bf16(ref_from_bf16(at<uint16_t>(a, i)) + ref_from_bf16(at<uint16_t>(b, i)));
         std::memcpy(p, &v, 2);
         break;
       }
-      case DType::kInt32: { int32_t v = wrap_add(at<int32_t>(a, i), at<int32_t>(b, i)); std::memcpy(p, &v, 4); break; }
-      case DType::kInt64: { int64_t v = wrap_add(at<int64_t>(a, i), at<int64_t>(b, i)); std::memcpy(p, &v, 8); break; }
-      case DType::kUInt8: *p = static_cast<uint8_t>(a[i] + b[i]); break;
-      case DType::kInt8: { int8_t v = wrap_add(at<int8_t>(a, i), at<int8_t>(b, i)); std::memcpy(p, &v, 1); break; }
-      case DType::kInt16: { int16_t v = wrap_add(at<int16_t>(a, i), at<int16_t>(b, i)); std::memcpy(p, &v, 2); break; }
-      case DType::kBool: *p = (a[i] | b[i]) ? 1 : 0; break;
-      default: ADD_FAILURE() << "dtype " << static_cast<int>(dt);
+      case DType::kInt32: {
+        int32_t v = wrap_add(at<int32_t>(a, i), at<int32_t>(b, i));
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kInt64: {
+        int64_t v = wrap_add(at<int64_t>(a, i), at<int64_t>(b, i));
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kUInt8:
+        *p = static_cast<uint8_t>(a[i] + b[i]);
+        break;
+      case DType::kInt8: {
+        int8_t v = wrap_add(at<int8_t>(a, i), at<int8_t>(b, i));
+        std::memcpy(p, &v, 1);
+        break;
+      }
+      case DType::kInt16: {
+        int16_t v = wrap_add(at<int16_t>(a, i), at<int16_t>(b, i));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBool:
+        *p = (a[i] | b[i]) ? 1 : 0;
+        break;
+      default:
+        ADD_FAILURE() << "dtype " << static_cast<int>(dt);
     }
   }
   return out;
@@ -127,17 +176,54 @@ std::vector<uint8_t> ref_scale(DType dt, const std::vector<uint8_t>& a, size_t n
   for (size_t i = 0; i < n; ++i) {
     uint8_t* p = out.data() + i * dtype_size(dt);
     switch (dt) {
-      case DType::kFloat32: { float v = at<float>(a, i) * ff; std::memcpy(p, &v, 4); break; }
-      case DType::kFloat64: { double v = at<double>(a, i) * f; std::memcpy(p, &v, 8); break; }
-      case DType::kFloat16: { uint16_t v = ref_to_fp16(ref_from_fp16(at<uint16_t>(a, i)) * ff); std::memcpy(p, &v, 2); break; }
-      case DType::kBFloat16: { uint16_t v = ref_to_bf16(ref_from_bf16(at<uint16_t>(a, i)) * ff); std::memcpy(p, &v, 2); break; }
-      case DType::kInt32: { int32_t v = sat_scale(at<int32_t>(a, i), f); std::memcpy(p, &v, 4); break; }
-      case DType::kInt64: { int64_t v = sat_scale(at<int64_t>(a, i), f); std::memcpy(p, &v, 8); break; }
-      case DType::kUInt8: *p = sat_scale(a[i], f); break;
-      case DType::kInt8: { int8_t v = sat_scale(at<int8_t>(a, i), f); std::memcpy(p, &v, 1); break; }
-      case DType::kInt16: { int16_t v = sat_scale(at<int16_t>(a, i), f); std::memcpy(p, &v, 2); break; }
-      case DType::kBool: *p = a[i]; break;
-      default: ADD_FAILURE() << "dtype " << static_cast<int>(dt);
+      case DType::kFloat32: {
+        float v = at<float>(a, i) * ff;
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kFloat64: {
+        double v = at<double>(a, i) * f;
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        uint16_t v = ref_to_fp16(ref_from_fp16(at<uint16_t>(a, i)) * ff);
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        uint16_t v = ref_to_bf16(ref_from_bf16(at<uint16_t>(a, i)) * ff);
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kInt32: {
+        int32_t v = sat_scale(at<int32_t>(a, i), f);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kInt64: {
+        int64_t v = sat_scale(at<int64_t>(a, i), f);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kUInt8:
+        *p = sat_scale(a[i], f);
+        break;
+      case DType::kInt8: {
+        int8_t v = sat_scale(at<int8_t>(a, i), f);
+        std::memcpy(p, &v, 1);
+        break;
+      }
+      case DType::kInt16: {
+        int16_t v = sat_scale(at<int16_t>(a, i), f);
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBool:
+        *p = a[i];
+        break;
+      default:
+        ADD_FAILURE() << "dtype " << static_cast<int>(dt);
     }
   }
   return out;
@@ -209,14 +295,13 @@ TEST_P(Kernels, ScaleMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, Kernels,
-    ::testing::Combine(::testing::Values("scalar", "avx2", "avx512"),
-                       ::testing::Range(0, static_cast<int>(DType::kCount))),
-    [](const ::testing::TestParamInfo<Kernels::ParamType>& info) {
-      return std::get<0>(info.param) + "_" +
-             dtype_name(static_cast<DType>(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, Kernels,
+                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx512"),
+                                            ::testing::Range(0, static_cast<int>(DType::kCount))),
+                         [](const ::testing::TestParamInfo<Kernels::ParamType>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  dtype_name(static_cast<DType>(std::get<1>(info.param)));
+                         });
 
 TEST(KernelsDispatch, RejectsUnknownLevel) {
   std::string before = simd_level();

@@ -23,10 +23,14 @@ enum class Path { kTcp, kShm, kLocalReduceOneHost, kLocalReduceTwoHosts };
 
 std::string path_name(Path p) {
   switch (p) {
-    case Path::kTcp: return "tcp";
-    case Path::kShm: return "shm";
-    case Path::kLocalReduceOneHost: return "local_reduce_one_host";
-    case Path::kLocalReduceTwoHosts: return "local_reduce_two_hosts";
+    case Path::kTcp:
+      return "tcp";
+    case Path::kShm:
+      return "shm";
+    case Path::kLocalReduceOneHost:
+      return "local_reduce_one_host";
+    case Path::kLocalReduceTwoHosts:
+      return "local_reduce_two_hosts";
   }
   return "?";
 }
@@ -183,8 +187,8 @@ TEST_P(Loopback, GroupedPushPullSumsEveryDtypeOverRounds) {
         for (size_t i = 0; i < counts[k]; ++i) {
           float want = 0;
           for (uint32_t r = 0; r < workers; ++r) want += value(r, i, round);
-          ASSERT_EQ(f32[k][i], want) << "f32 tensor " << k << " element " << i << " round "
-                                     << round << " on worker " << rank;
+          ASSERT_EQ(f32[k][i], want) << "f32 tensor " << k << " element " << i << " round " << round
+                                     << " on worker " << rank;
           ASSERT_EQ(i64[k][i], static_cast<int64_t>(want) << 33)
               << "i64 tensor " << k << " element " << i << " round " << round;
         }
@@ -247,16 +251,16 @@ TEST(LoopbackErrors, MissingWorkerTimesOutNamingTheTensor) {
   run_workers(
       c, 2, Path::kTcp,
       [&](uint32_t, Worker& w) {
-    // Worker 1 of 2 never connects: rank 0's push can never be answered.
-    std::vector<float> x(10, 1.0f);
-    int64_t h = w.push_pull(x.data(), x.data(), 40, DType::kFloat32, "lonely", 0, 1.0);
-    try {
-      w.wait(h, 0.5);
-    } catch (const std::runtime_error& e) {
-      timed_out = true;
-      EXPECT_NE(std::string(e.what()).find("lonely"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("did not complete"), std::string::npos) << e.what();
-    }
+        // Worker 1 of 2 never connects: rank 0's push can never be answered.
+        std::vector<float> x(10, 1.0f);
+        int64_t h = w.push_pull(x.data(), x.data(), 40, DType::kFloat32, "lonely", 0, 1.0);
+        try {
+          w.wait(h, 0.5);
+        } catch (const std::runtime_error& e) {
+          timed_out = true;
+          EXPECT_NE(std::string(e.what()).find("lonely"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("did not complete"), std::string::npos) << e.what();
+        }
       },
       1);
   EXPECT_TRUE(timed_out) << "wait returned without the other worker";

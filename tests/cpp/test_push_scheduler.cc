@@ -33,8 +33,8 @@ std::vector<UrgencyKey> keys(const std::vector<PushTicket>& ts) {
 
 TEST(PushScheduler, TakesInUrgencyOrderAcrossServers) {
   PushScheduler s(1u << 30, 0, {1.0, 1.0});
-  std::vector<PushTicket> in = {part(0, 7, 1, 0, 10),  part(5, 9, 0, 1, 10), part(0, 7, 0, 1, 10),
-                                part(0, 3, 2, 0, 10),  part(5, 2, 4, 0, 10), part(-1, 1, 0, 1, 10),
+  std::vector<PushTicket> in = {part(0, 7, 1, 0, 10), part(5, 9, 0, 1, 10), part(0, 7, 0, 1, 10),
+                                part(0, 3, 2, 0, 10), part(5, 2, 4, 0, 10), part(-1, 1, 0, 1, 10),
                                 part(5, 2, 3, 1, 10)};
   s.enqueue(in);
   std::vector<PushTicket> out;
@@ -63,8 +63,8 @@ TEST(PushScheduler, LateUrgentPartOvertakesQueuedOnes) {
 
 TEST(PushScheduler, CreditLimitsUnwrittenBytesPerServer) {
   PushScheduler s(100, 0, {1.0, 1.0});
-  s.enqueue({part(0, 1, 0, 0, 60), part(0, 1, 1, 0, 60), part(0, 2, 0, 1, 30),
-             part(0, 2, 1, 1, 30), part(0, 2, 2, 1, 30), part(0, 2, 3, 1, 30)});
+  s.enqueue({part(0, 1, 0, 0, 60), part(0, 1, 1, 0, 60), part(0, 2, 0, 1, 30), part(0, 2, 1, 1, 30),
+             part(0, 2, 2, 1, 30), part(0, 2, 3, 1, 30)});
   std::vector<PushTicket> out;
   // Server 0: 60 fits, 60 + 60 does not. Server 1: three of 30 fit in 100.
   EXPECT_EQ(s.take_admissible(&out), 4u);
@@ -180,9 +180,9 @@ struct Sim {
   size_t workers, servers;
   std::vector<Tensor> tensors;
   std::vector<std::unique_ptr<PushScheduler>> sched;
-  std::vector<std::vector<size_t>> order;  // per worker: tensor indices in queueing order
-  std::vector<size_t> next;                // per worker: how many it queued
-  std::map<UrgencyKey, std::set<size_t>> pushed;  // part -> workers that pushed it
+  std::vector<std::vector<size_t>> order;          // per worker: tensor indices in queueing order
+  std::vector<size_t> next;                        // per worker: how many it queued
+  std::map<UrgencyKey, std::set<size_t>> pushed;   // part -> workers that pushed it
   std::vector<std::vector<PushTicket>> unwritten;  // per worker, in push order
   size_t answered = 0, total_parts = 0;
 

@@ -4,19 +4,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "frame_recorder.h"
-#include "transport/tcp.h"
 #include "protocol/messages.h"
+#include "transport/tcp.h"
 #include "transport/wire.h"
 
 namespace fastps {
