@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything the test suite needs on a fresh machine and runs all of it:
-# the core and PyTorch tests in this interpreter, then TensorFlow and MXNet in the
+# the C++ unit tests, the core and PyTorch tests in this interpreter, then TensorFlow and MXNet in the
 # environments their own scripts build (tests/envs/<framework>.sh prints its python).
 # Usage: tests/run.sh [extra pytest args]
 set -euo pipefail
@@ -17,6 +17,9 @@ echo "== building fastps (C++ core), editable"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 
 status=0
+echo "== C++ unit tests (GoogleTest through ctest)"
+tests/cpp/run.sh || status=1
+
 echo "== core and PyTorch tests"
 $PY -m pytest -q tests --ignore=tests/tensorflow --ignore=tests/mxnet "$@" || status=1
 
