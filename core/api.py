@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from .control import ControlClient, Membership
 from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
 from .linkspeed import link_mbit_for
 
+if TYPE_CHECKING:
+    from . import _core as _core_types
+
 log = logging.getLogger("fastps.worker")
 
 
@@ -35,7 +39,7 @@ class _State:
         cfg: Config,
         client: Optional[ControlClient],
         membership: Optional[Membership],
-        worker: Any,
+        worker: _core_types.Worker,
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -52,9 +56,9 @@ _state: Optional[_State] = None
 _init_lock = threading.Lock()
 
 
-def _core() -> Any:
+def _core() -> ModuleType:
     try:
-        from . import _core as core  # type: ignore[attr-defined]
+        from . import _core as core
     except ImportError as exc:  # pragma: no cover - only on a broken install
         raise FastPSError(f"the fastps C++ core is not built or cannot load: {exc}") from None
     return core
@@ -111,39 +115,64 @@ def init(config: Optional[Config] = None) -> None:
             pacing = worker_rates[cfg.rank]
             hosts = [w.hostname for w in membership.workers]
             hosts += [s.hostname for s in membership.servers]
-        partition_bytes, credit_bytes = cfg.part_sizes(hosts)
-        worker = core.Worker(
-            rank=cfg.rank,
-            num_workers=cfg.num_workers,
+        opts = worker_options(
+            cfg,
+            hosts,
             servers=servers,
-            job_id=cfg.job_id,
-            token=cfg.token,
-            partition_bytes=partition_bytes,
-            credit_bytes=credit_bytes,
-            window_bytes=cfg.window_bytes,
-            notsent_lowat=cfg.notsent_lowat,
-            pacing_bytes_per_s=pacing,
-            conns_per_server=cfg.conns_per_server,
-            connect_timeout_s=cfg.timeout,
             server_weights=weights,
+            pacing_bytes_per_s=pacing,
             local_ranks=local_ranks,
             local_servers=local_servers,
             num_hosts=num_hosts,
-            shm=cfg.shm,
-            shm_bytes=cfg.shm_bytes,
         )
         try:
+            worker = core.Worker(opts)
             worker.start()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             if client is not None:
                 client.send_abort(f"worker {cfg.rank} could not connect to the servers: {exc}")
                 client.close()
-            raise FastPSError(f"worker {cfg.rank}: {exc}") from None
+            kind = FastPSTimeoutError if isinstance(exc, FastPSTimeoutError) else FastPSError
+            raise kind(f"worker {cfg.rank}: {exc}") from None
         if client is not None:
             client.on_abort(worker.abort)
         _state = _State(cfg, client, membership, worker)
         atexit.register(shutdown)
         _install_excepthook()
+
+
+def worker_options(
+    cfg: Config,
+    hosts: Sequence[str],
+    *,
+    servers: Sequence[str] = (),
+    server_weights: Sequence[float] = (),
+    pacing_bytes_per_s: Sequence[float] = (),
+    local_ranks: Sequence[int] = (),
+    local_servers: Sequence[bool] = (),
+    num_hosts: int = 0,
+) -> _core_types.WorkerOptions:
+    """The C++ worker's options: settings from ``cfg`` (the one place defaults live), the
+    rest from the membership. ``hosts``: every process's host name, for the part size."""
+    opts = _core().WorkerOptions()
+    opts.rank = cfg.rank
+    opts.num_workers = cfg.num_workers
+    opts.job_id = cfg.job_id
+    opts.token = cfg.token
+    opts.partition_bytes, opts.credit_bytes = cfg.part_sizes(hosts)
+    opts.window_bytes = cfg.window_bytes
+    opts.notsent_lowat = cfg.notsent_lowat
+    opts.conns_per_server = cfg.conns_per_server
+    opts.connect_timeout_s = cfg.timeout
+    opts.shm = cfg.shm
+    opts.shm_bytes = cfg.shm_bytes
+    opts.servers = list(servers)
+    opts.server_weights = [float(w) for w in server_weights]
+    opts.pacing_bytes_per_s = [float(r) for r in pacing_bytes_per_s]
+    opts.local_ranks = list(local_ranks)
+    opts.local_servers = list(local_servers)
+    opts.num_hosts = num_hosts
+    return opts
 
 
 def _locality(membership: Membership, rank: int) -> Tuple[List[int], List[bool], int]:
@@ -298,8 +327,8 @@ class Handle:
             self._done = True
             try:
                 self._st.worker.wait(hid, timeout or self._st.cfg.op_timeout)
-            except RuntimeError as exc:
-                raise _explain(self._st, str(exc)) from None
+            except (RuntimeError, ValueError) as exc:
+                raise _explain(self._st, exc) from None
             finally:
                 self._keep = []
         return self._out
@@ -357,7 +386,7 @@ class _Batch:
             try:
                 ids = self.st.worker.push_pull_group(rows)
             except (RuntimeError, ValueError) as exc:
-                err = _explain(self.st, str(exc))
+                err = _explain(self.st, exc)
                 for h in handles:
                     h._error, h._batch = err, None
                 raise err from None
@@ -394,20 +423,29 @@ def submission_batch() -> Iterator[None]:
     batch.flush()
 
 
-def _explain(st: _State, msg: str) -> FastPSError:
-    """Turns a core error into the exception users see, preferring the scheduler's
-    description (which names ranks and shapes) when one is on its way."""
+# How long a failure the core blames on a peer waits for the scheduler's description.
+_ABORT_REASON_WAIT = 2.0
+
+
+def _explain(st: _State, exc: BaseException) -> FastPSError:
+    """Turns a core error into the exception users see, by its type (common/errors.h):
+    a core timeout becomes FastPSTimeoutError; a core abort (a peer died or disagreed)
+    becomes FastPSAbort, preferring the scheduler's description (which names ranks and
+    shapes) when one is on its way; anything else (a bad request) is a FastPSError."""
+    msg = str(exc)
+    if isinstance(exc, FastPSTimeoutError):
+        return FastPSTimeoutError(msg)
+    if not isinstance(exc, FastPSAbort):
+        return FastPSError(msg)
     client = st.client
-    peer_trouble = ("mismatch", "lost connection", "disconnected")
-    if client is not None and any(word in msg for word in peer_trouble):
-        deadline = time.monotonic() + 2.0
+    if client is not None:
+        deadline = time.monotonic() + _ABORT_REASON_WAIT
         while client.abort_reason is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        if client.abort_reason and client.abort_reason not in msg:
-            return FastPSAbort(f"{client.abort_reason} ({msg})")
-    if "did not complete within" in msg:
-        return FastPSTimeoutError(msg)
-    return FastPSAbort(msg) if client is not None and client.abort_reason else FastPSError(msg)
+        reason = client.abort_reason
+        if reason and reason not in msg:
+            return FastPSAbort(f"{reason} ({msg})")
+    return FastPSAbort(msg)
 
 
 def _declare(st: _State, name: str, buf: RawBuffer) -> None:
@@ -454,7 +492,7 @@ def push_pull_raw(
             in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority), float(scale)
         )
     except (RuntimeError, ValueError) as exc:
-        raise _explain(st, str(exc)) from None
+        raise _explain(st, exc) from None
     return Handle(st, hid, name, out, [in_buf.owner, out_buf.owner, *keep])
 
 

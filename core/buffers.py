@@ -34,12 +34,12 @@ _ITEMSIZE_OF = {"bfloat16": "uint16"}
 _NAME_OF: Dict[np.dtype, str] = {}
 
 
-def _ctypes_address(arr: np.ndarray) -> int:
-    return int(arr.ctypes.data)
+def _ctypes_address(obj: Any) -> int:
+    return int(obj.ctypes.data)
 
 
 try:  # the core reads the address through the buffer protocol, ~15x cheaper than ctypes
-    from ._core import buffer_address as _buffer_address  # type: ignore[attr-defined]
+    from ._core import buffer_address as _buffer_address
 except ImportError:  # pragma: no cover - only without a built core (launcher, scheduler)
     _buffer_address = _ctypes_address
 

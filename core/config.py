@@ -52,8 +52,10 @@ DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next par
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 DEFAULT_CONNS_PER_SERVER = 1
-DEFAULT_ENGINE_THREADS = 2
+DEFAULT_ENGINE_THREADS = 2  # summing threads per server
+DEFAULT_IO_THREADS = 1  # network threads per server
 DEFAULT_TIMEOUT = 120.0
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # for a new connection to authenticate (servers, scheduler)
 DEFAULT_OP_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0
@@ -278,7 +280,9 @@ class Config:
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
     engine_threads: int = DEFAULT_ENGINE_THREADS
+    io_threads: int = DEFAULT_IO_THREADS
     timeout: float = DEFAULT_TIMEOUT
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     op_timeout: float = DEFAULT_OP_TIMEOUT
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
@@ -337,6 +341,7 @@ class Config:
 
         conns, _ = e.integer(("FASTPS_CONNS_PER_SERVER",), DEFAULT_CONNS_PER_SERVER, minimum=1)
         threads, _ = e.integer(("FASTPS_ENGINE_THREADS",), DEFAULT_ENGINE_THREADS, minimum=1)
+        io_threads, _ = e.integer(("FASTPS_IO_THREADS",), DEFAULT_IO_THREADS, minimum=1)
 
         heartbeat_interval = e.seconds("FASTPS_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
         heartbeat_timeout = e.seconds("FASTPS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
@@ -376,7 +381,9 @@ class Config:
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,
             engine_threads=threads,
+            io_threads=io_threads,
             timeout=e.seconds("FASTPS_TIMEOUT", DEFAULT_TIMEOUT),
+            handshake_timeout=e.seconds("FASTPS_HANDSHAKE_TIMEOUT", DEFAULT_HANDSHAKE_TIMEOUT),
             op_timeout=e.seconds("FASTPS_OP_TIMEOUT", DEFAULT_OP_TIMEOUT),
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,

@@ -23,7 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import format_addr
+from .config import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    format_addr,
+)
 from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
 
 __all__ = [
@@ -179,9 +184,9 @@ class ControlClient:
         addr: Tuple[str, int],
         job_id: str,
         token: str,
-        timeout: float = 120.0,
-        heartbeat_interval: float = 1.0,
-        heartbeat_timeout: float = 10.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     ) -> None:
         self.addr = (addr[0], int(addr[1]))
         self.job_id = job_id

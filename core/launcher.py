@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, BinaryIO, Dict, List, Optional, Sequence
+from typing import IO, Any, BinaryIO, Dict, List, Optional, Sequence, cast
 
 import click
 
@@ -52,11 +52,11 @@ def _write(stream: BinaryIO, data: bytes) -> None:
 
 
 def _stderr_bytes() -> BinaryIO:
-    return getattr(sys.stderr, "buffer", sys.stderr)  # type: ignore[return-value]
+    return cast(BinaryIO, getattr(sys.stderr, "buffer", sys.stderr))
 
 
 def _stdout_bytes() -> BinaryIO:
-    return getattr(sys.stdout, "buffer", sys.stdout)  # type: ignore[return-value]
+    return cast(BinaryIO, getattr(sys.stdout, "buffer", sys.stdout))
 
 
 def say(message: str) -> None:
@@ -215,6 +215,10 @@ class Launcher:
         self._force = threading.Event()
 
     # --------------------------------------------------------------- signals
+    def _signalled(self) -> bool:
+        """Whether a signal arrived; set by the handler at any time, so read afresh."""
+        return self._signal is not None
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self._signal is None:
             self._signal = signum
@@ -283,6 +287,7 @@ class Launcher:
             port=0,
             timeout=self.timeout,
             heartbeat_timeout=self.config.heartbeat_timeout,
+            auth_timeout=self.config.handshake_timeout,
         )
         self.scheduler = scheduler
         scheduler.start()
@@ -343,7 +348,7 @@ class Launcher:
         workers = [c for c in self.children if c.role == "worker"]
         servers = [c for c in self.children if c.role == "server"]
         while True:
-            if self._signal is not None:
+            if self._signalled():
                 return self._interrupted()
             failed = self._first_failure(("worker", "server"))
             if failed is not None:
@@ -356,7 +361,7 @@ class Launcher:
             self.scheduler.request_shutdown()
         deadline = time.monotonic() + min(self.timeout, SERVER_EXIT_WAIT)
         while any(c.proc.poll() is None for c in servers):
-            if self._signal is not None:
+            if self._signalled():
                 return self._interrupted()
             if time.monotonic() > deadline:
                 say(

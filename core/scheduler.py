@@ -28,7 +28,13 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .config import Config, format_addr
+from .config import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    Config,
+    format_addr,
+)
 from .control import MAX_FRAME, FrameDecoder, FrameError, compute_mac, encode_frame
 from .errors import FastPSError
 
@@ -98,9 +104,9 @@ class Scheduler:
         token: str,
         host: str = "127.0.0.1",
         port: int = 0,
-        timeout: float = 120.0,
-        heartbeat_timeout: float = 10.0,
-        auth_timeout: float = 5.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        auth_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         grace: float = 5.0,
     ) -> None:
         if num_workers < 1:
@@ -531,7 +537,11 @@ class Scheduler:
         if conn.role is not None:
             self._reject(conn, f"{conn.label} registered twice")
             return
-        if role not in ("worker", "server") or not _is_int(node_id):
+        if (
+            role not in ("worker", "server")
+            or not isinstance(node_id, int)
+            or isinstance(node_id, bool)
+        ):
             self._reject(conn, f"invalid register message: role={role!r} id={node_id!r}")
             return
         if not (isinstance(host, str) and isinstance(hostname, str) and _is_int(pid)):
@@ -652,10 +662,12 @@ class Scheduler:
             or not isinstance(dtype, str)
             or not isinstance(shape, list)
             or not all(_is_int(d) and d >= 0 for d in shape)
-            or not _is_int(rank)
+            or not isinstance(rank, int)
+            or isinstance(rank, bool)
         ):
             self._protocol_error(conn, f"invalid declare message for tensor {str(name)[:200]!r}")
             return
+        shape = [int(d) for d in shape]
         known = self._tensors.get(name)
         if known is None:
             self._tensors[name] = (shape, dtype, rank)
@@ -719,6 +731,7 @@ def main() -> None:
         port=port,
         timeout=cfg.timeout,
         heartbeat_timeout=cfg.heartbeat_timeout,
+        auth_timeout=cfg.handshake_timeout,
     )
     try:
         scheduler.bind()

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import placement
 from .config import Config, format_addr
@@ -25,6 +25,9 @@ from .errors import FastPSError
 from .linkspeed import link_mbit_for
 
 __all__ = ["main", "run_server"]
+
+if TYPE_CHECKING:
+    from . import _core as _core_types
 
 log = logging.getLogger("fastps.server")
 
@@ -37,22 +40,39 @@ class _Terminated(Exception):
         self.signum = signum
 
 
-def _default_factory() -> Callable[..., Any]:
-    from . import _core  # type: ignore[attr-defined]
+def server_options(cfg: Config) -> _core_types.ServerOptions:
+    """The C++ server's options, every one from ``cfg`` (the one place defaults live)."""
+    from . import _core
 
-    return _core.Server  # type: ignore[no-any-return]
+    opts = _core.ServerOptions()
+    opts.server_id = cfg.server_id
+    opts.num_workers = cfg.num_workers
+    opts.job_id = cfg.job_id
+    opts.token = cfg.token
+    opts.host = cfg.host
+    opts.port = cfg.server_port
+    opts.engine_threads = cfg.engine_threads
+    opts.io_threads = cfg.io_threads
+    opts.handshake_timeout_s = cfg.handshake_timeout
+    return opts
+
+
+def _default_factory() -> Callable[[Config], Any]:
+    from . import _core
+
+    return lambda cfg: _core.Server(server_options(cfg))
 
 
 def run_server(
     cfg: Config,
-    server_factory: Optional[Callable[..., Any]] = None,
+    server_factory: Optional[Callable[[Config], Any]] = None,
     install_signals: bool = False,
 ) -> int:
     """Runs one server until shutdown or abort; returns the process exit code.
 
-    ``server_factory(num_workers, job_id, token, host, port, engine_threads)`` creates the
-    data-plane server (default ``fastps._core.Server``); it must offer ``start() -> port``,
-    ``stop()`` and ``error() -> str``.
+    ``server_factory(cfg)`` creates the data-plane server (default ``fastps._core.Server``
+    with :func:`server_options`); it must offer ``start() -> port``, ``stop()`` and
+    ``error() -> str``.
     """
     sched_addr = cfg.require_scheduler_addr()
     me = f"server {cfg.server_id} (pid {os.getpid()} on host {cfg.hostname})"
@@ -76,9 +96,7 @@ def run_server(
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    srv = server_factory(
-        cfg.num_workers, cfg.job_id, cfg.token, cfg.host, cfg.server_port, cfg.engine_threads
-    )
+    srv = server_factory(cfg)
     client = ControlClient(
         sched_addr,
         cfg.job_id,

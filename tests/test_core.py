@@ -60,6 +60,7 @@ def test_shape_mismatch_names_tensor_and_both_shapes() -> None:
         job.wait(30, job.workers())
         for rank, (secs, msg) in _errors(job).items():
             assert secs < 10, (rank, secs, msg)
+            assert msg.startswith("FastPSAbort: "), msg
             assert "fc.weight" in msg and "[10, 3]" in msg and "[10, 4]" in msg, msg
 
 
@@ -68,6 +69,7 @@ def test_dtype_mismatch_names_tensor_and_both_dtypes() -> None:
         job.wait(30, job.workers())
         for rank, (secs, msg) in _errors(job).items():
             assert secs < 10, (rank, secs, msg)
+            assert msg.startswith("FastPSAbort: "), msg
             assert "bias" in msg and "float32" in msg and "float64" in msg, msg
 
 
@@ -79,6 +81,7 @@ def test_killed_worker_is_named_by_every_survivor() -> None:
             m = re.search(r"ERROR-SEEN ([\d.]+) (.*)", out)
             assert m, job.dump()
             assert float(m.group(1)) < 30 and "worker 1" in m.group(2), m.group(0)
+            assert m.group(2).startswith("FastPSAbort: "), m.group(0)
         job.wait(30)  # servers exit too
         for s in (0, 1):
             assert job.proc("server", s).popen.returncode != 0
@@ -89,7 +92,19 @@ def test_killed_server_is_named_by_every_worker() -> None:
         job.wait(45, job.workers())
         for rank, (secs, msg) in _errors(job).items():
             assert secs < 30 and "server 0" in msg, (rank, secs, msg)
+            assert msg.startswith("FastPSAbort: "), msg
         job.wait(30)
+
+
+def test_operation_timeout_is_a_timeout_error_naming_the_tensor() -> None:
+    with Job(2, 1, [FAULT_WORKER, "op-timeout"]) as job:
+        job.wait(45, job.workers())
+        out = job.proc("worker", 0).output
+        m = re.search(r"ERROR-SEEN ([\d.]+) (.*)", out)
+        assert m, job.dump()
+        msg = m.group(2)
+        assert msg.startswith("FastPSTimeoutError: "), msg
+        assert "'lonely'" in msg and "did not complete within 1.5 s" in msg, msg
 
 
 def test_bad_token_and_garbage_are_refused_and_the_job_goes_on() -> None:

@@ -9,6 +9,8 @@ import re
 import numpy as np
 import pytest
 from fastps import _core
+from fastps.api import worker_options
+from fastps.config import Config
 from fastps.placement import (
     ANSWER_HEADROOM,
     ServerSpot,
@@ -70,8 +72,10 @@ def test_parts_are_balanced_by_bytes_and_identical_on_every_worker(n: int, k: in
     w = np.array(server_weights(*layout(n, k)))
     loads = []
     for rank in range(2):
-        wk = _core.Worker(rank=rank, num_workers=2, servers=["127.0.0.1:1"] * len(w),
-                          job_id="j", token="t", server_weights=list(w))
+        cfg = Config(rank=rank, num_workers=2, job_id="j", token="t")
+        opts = worker_options(cfg, ["h0", "h1"], servers=["127.0.0.1:1"] * len(w),
+                              server_weights=list(w))
+        wk = _core.Worker(opts)
         load = np.zeros(len(w))
         for i, s in enumerate(shapes):
             for _off, ln, sid in wk.part_layout(f"layer{i}.weight", s * 4, 4):

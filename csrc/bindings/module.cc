@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "common/hmac_sha256.h"
 #include "kernels/sum.h"
 #include "server/server.h"
@@ -16,10 +17,69 @@ using namespace fastps;
 
 namespace {
 void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+// A list-valued option: read as a tuple, so that `opts.servers.append(x)` fails
+// loudly instead of changing a copy; set by assigning a whole list.
+template <class T, class V>
+void list_option(py::class_<T>& cls, const char* name, std::vector<V> T::*field) {
+  cls.def_property(
+      name, [field](const T& o) { return py::tuple(py::cast(o.*field)); },
+      [field](T& o, std::vector<V> v) { o.*field = std::move(v); });
+}
+
+// The options structs are plain fields set by name from fastps.config.Config
+// (core/api.py, core/server.py); their zero values mean "unset" and the
+// constructors refuse what must be set (check_options).
+void bind_options(py::module_& m) {
+  py::class_<ServerOptions> so(m, "ServerOptions");
+  so.def(py::init<>())
+      .def_readwrite("server_id", &ServerOptions::server_id)
+      .def_readwrite("num_workers", &ServerOptions::num_workers)
+      .def_readwrite("job_id", &ServerOptions::job_id)
+      .def_readwrite("token", &ServerOptions::token)
+      .def_readwrite("host", &ServerOptions::host)
+      .def_readwrite("port", &ServerOptions::port)
+      .def_readwrite("io_threads", &ServerOptions::io_threads)
+      .def_readwrite("engine_threads", &ServerOptions::engine_threads)
+      .def_readwrite("handshake_timeout_s", &ServerOptions::handshake_timeout_s);
+
+  py::class_<WorkerOptions> wo(m, "WorkerOptions");
+  wo.def(py::init<>())
+      .def_readwrite("rank", &WorkerOptions::rank)
+      .def_readwrite("num_workers", &WorkerOptions::num_workers)
+      .def_readwrite("job_id", &WorkerOptions::job_id)
+      .def_readwrite("token", &WorkerOptions::token)
+      .def_readwrite("partition_bytes", &WorkerOptions::partition_bytes)
+      .def_readwrite("credit_bytes", &WorkerOptions::credit_bytes)
+      .def_readwrite("window_bytes", &WorkerOptions::window_bytes)
+      .def_readwrite("notsent_lowat", &WorkerOptions::notsent_lowat)
+      .def_readwrite("conns_per_server", &WorkerOptions::conns_per_server)
+      .def_readwrite("connect_timeout_s", &WorkerOptions::connect_timeout_s)
+      .def_readwrite("num_hosts", &WorkerOptions::num_hosts)
+      .def_readwrite("shm", &WorkerOptions::shm)
+      .def_readwrite("shm_bytes", &WorkerOptions::shm_bytes);
+  list_option(wo, "servers", &WorkerOptions::servers);
+  list_option(wo, "server_weights", &WorkerOptions::server_weights);
+  list_option(wo, "pacing_bytes_per_s", &WorkerOptions::pacing_bytes_per_s);
+  list_option(wo, "local_ranks", &WorkerOptions::local_ranks);
+  list_option(wo, "local_servers", &WorkerOptions::local_servers);
+}
+
+// The core's error types become subclasses of fastps.errors' classes, so
+// `except FastPSTimeoutError` catches a core timeout by type. Registered base
+// first: pybind11 tries the most recently registered translator first.
+void bind_errors(py::module_& m) {
+  py::module_ errors = py::module_::import("fastps.errors");
+  py::register_exception<Error>(m, "CoreError", errors.attr("FastPSError"));
+  py::register_exception<TimeoutError>(m, "CoreTimeoutError", errors.attr("FastPSTimeoutError"));
+  py::register_exception<AbortError>(m, "CoreAbort", errors.attr("FastPSAbort"));
+}
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "fastps C++ core: summation server, worker pipeline, kernels";
+  bind_errors(m);
+  bind_options(m);
 
   m.def("simd_level", [] { return std::string(simd_level()); });
   m.def("set_simd_level", [](const std::string& l) { return set_simd_level(l.c_str()); });
@@ -55,23 +115,7 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<Server>(m, "Server")
-      .def(py::init([](uint32_t num_workers, const std::string& job_id, const std::string& token,
-                       const std::string& host, int port, int engine_threads, int io_threads,
-                       uint32_t server_id) {
-             ServerOptions o;
-             o.num_workers = num_workers;
-             o.job_id = job_id;
-             o.token = token;
-             o.host = host;
-             o.port = port;
-             o.engine_threads = engine_threads;
-             o.io_threads = io_threads;
-             o.server_id = server_id;
-             return std::make_unique<Server>(o);
-           }),
-           py::arg("num_workers"), py::arg("job_id"), py::arg("token"),
-           py::arg("host") = "0.0.0.0", py::arg("port") = 0, py::arg("engine_threads") = 1,
-           py::arg("io_threads") = 1, py::arg("server_id") = 0)
+      .def(py::init<ServerOptions>(), py::arg("options"))
       .def("start", &Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &Server::stop, py::call_guard<py::gil_scoped_release>())
       .def("error", &Server::error)
@@ -80,45 +124,7 @@ PYBIND11_MODULE(_core, m) {
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"));
 
   py::class_<Worker>(m, "Worker")
-      .def(py::init([](uint32_t rank, uint32_t num_workers, std::vector<std::string> servers,
-                       const std::string& job_id, const std::string& token,
-                       size_t partition_bytes, size_t credit_bytes, int conns_per_server,
-                       double connect_timeout_s, std::vector<double> server_weights,
-                       std::vector<uint32_t> local_ranks, std::vector<bool> local_servers,
-                       uint32_t num_hosts, bool shm, size_t shm_bytes, size_t window_bytes,
-                       size_t notsent_lowat, std::vector<double> pacing_bytes_per_s) {
-             WorkerOptions o;
-             o.rank = rank;
-             o.num_workers = num_workers;
-             o.servers = std::move(servers);
-             o.job_id = job_id;
-             o.token = token;
-             o.partition_bytes = partition_bytes;
-             o.credit_bytes = credit_bytes;
-             o.conns_per_server = conns_per_server;
-             o.connect_timeout_s = connect_timeout_s;
-             o.server_weights = std::move(server_weights);
-             o.local_ranks = std::move(local_ranks);
-             o.local_servers = std::move(local_servers);
-             o.num_hosts = num_hosts;
-             o.shm = shm;
-             o.shm_bytes = shm_bytes;
-             o.window_bytes = window_bytes;
-             o.notsent_lowat = notsent_lowat;
-             o.pacing_bytes_per_s = std::move(pacing_bytes_per_s);
-             return std::make_unique<Worker>(o);
-           }),
-           py::arg("rank"), py::arg("num_workers"), py::arg("servers"), py::arg("job_id"),
-           py::arg("token"), py::arg("partition_bytes") = 4u << 20,
-           py::arg("credit_bytes") = 4u << 20, py::arg("conns_per_server") = 1,
-           py::arg("connect_timeout_s") = 60.0,
-           py::arg("server_weights") = std::vector<double>{},
-           py::arg("local_ranks") = std::vector<uint32_t>{},
-           py::arg("local_servers") = std::vector<bool>{}, py::arg("num_hosts") = 0,
-           py::arg("shm") = true, py::arg("shm_bytes") = size_t(256u << 20),
-           py::arg("window_bytes") = size_t(1u << 20),
-           py::arg("notsent_lowat") = size_t(128u << 10),
-           py::arg("pacing_bytes_per_s") = std::vector<double>{})
+      .def(py::init<WorkerOptions>(), py::arg("options"))
       .def("start", &Worker::start, py::call_guard<py::gil_scoped_release>())
       .def(
           "push_pull",
@@ -129,7 +135,7 @@ PYBIND11_MODULE(_core, m) {
             return w.push_pull(as_ptr(in), as_ptr(out), nbytes, dt, name, priority, scale);
           },
           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("nbytes"), py::arg("dtype"),
-          py::arg("name"), py::arg("priority") = 0, py::arg("scale") = 1.0)
+          py::arg("name"), py::arg("priority"), py::arg("scale"))
       .def(
           "push_pull_group",
           [](Worker& w, const std::vector<std::tuple<uintptr_t, uintptr_t, size_t, std::string,
@@ -150,7 +156,9 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &Worker::wait, py::arg("handle"), py::arg("timeout_s"),
            py::call_guard<py::gil_scoped_release>())
       .def("release", &Worker::release)
-      .def("abort", &Worker::abort, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "abort", [](Worker& w, const std::string& reason) { w.abort(reason); },
+          py::arg("reason"), py::call_guard<py::gil_scoped_release>())
       .def("error", &Worker::error)
       .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
            py::arg("elem_size"))

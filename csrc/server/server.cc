@@ -18,7 +18,7 @@
 namespace fastps {
 
 Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
-  if (opts_.num_workers == 0) throw std::invalid_argument("server needs at least one worker");
+  check_options(opts_);
   pool_ = std::make_shared<BufferPool>();
 }
 
@@ -27,13 +27,13 @@ Server::~Server() { stop(); }
 int Server::start() {
   int port = 0;
   listen_fd_ = tcp_listen(opts_.host, opts_.port, &port);
-  for (int i = 0; i < std::max(1, opts_.engine_threads); ++i) {
+  for (int i = 0; i < opts_.engine_threads; ++i) {
     engines_.push_back(std::make_unique<SumEngine>(i, opts_.num_workers, opts_.server_id));
     engines_.back()->set_error_broadcast(
         [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });
     engines_.back()->start();
   }
-  for (int i = 0; i < std::max(1, opts_.io_threads); ++i) {
+  for (int i = 0; i < opts_.io_threads; ++i) {
     loops_.push_back(std::make_unique<EventLoop>("server-io-" + std::to_string(i)));
     loops_.back()->start();
   }

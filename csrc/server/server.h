@@ -12,22 +12,11 @@
 
 #include "common/buffer_pool.h"
 #include "server/engine.h"
+#include "server/options.h"
 #include "transport/payload.h"
 #include "transport/tcp.h"
 
 namespace fastps {
-
-struct ServerOptions {
-  uint32_t server_id = 0;
-  uint32_t num_workers = 1;
-  std::string job_id;
-  std::string token;
-  std::string host = "0.0.0.0";
-  int port = 0;
-  int io_threads = 1;
-  int engine_threads = 1;
-  double handshake_timeout_s = 5.0;
-};
 
 class Server : public FrameHandler, public SlotSpace {
  public:

@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/errors.h"
+
 namespace fastps {
 namespace {
 
@@ -121,7 +123,7 @@ int tcp_connect(const std::string& addr, double timeout_s, int notsent_lowat) {
     ::close(fd);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  throw std::runtime_error("cannot connect to " + addr + " within " + std::to_string(timeout_s) +
+  throw TimeoutError("cannot connect to " + addr + " within " + std::to_string(timeout_s) +
                            " s: " + last_err);
 }
 
@@ -185,7 +187,7 @@ int unix_connect(const std::string& name, double timeout_s) {
     ::close(fd);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  throw std::runtime_error("cannot connect to local socket @" + name + " within " +
+  throw TimeoutError("cannot connect to local socket @" + name + " within " +
                            std::to_string(timeout_s) + " s: " + last_err);
 }
 

@@ -5,15 +5,16 @@
 
 namespace fastps {
 
-void FailureFanout::abort(const std::string& reason) {
+void FailureFanout::abort(const std::string& reason, ErrorKind kind) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty()) return;
     error_ = reason;
+    error_kind_ = kind;
   }
   LOG_WARN("worker " << rank_ << " aborting: " << reason);
-  for (auto& t : parts_->take_all()) handles_->fail(t.handle, reason);
-  for (auto& h : handles_->all()) handles_->fail(h, reason);
+  for (auto& t : parts_->take_all()) handles_->fail(t.handle, reason, kind);
+  for (auto& h : handles_->all()) handles_->fail(h, reason, kind);
 }
 
 void FailureFanout::fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers) {
@@ -21,12 +22,18 @@ void FailureFanout::fail_tensor(uint64_t tensor, const std::string& msg, bool te
   std::vector<PartTask> hit = parts_->fail_tensor(tensor, msg);
   for (auto& t : hit)
     if (t.in_flight) scheduler_->answered(t.ticket());
-  for (auto& t : hit) handles_->fail(t.handle, msg);
+  // Workers disagreed about the tensor: the job cannot trust it any more.
+  for (auto& t : hit) handles_->fail(t.handle, msg, ErrorKind::kAbort);
 }
 
 std::string FailureFanout::error() const {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
+}
+
+void FailureFanout::throw_if_failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.empty()) throw_error(error_kind_, error_);
 }
 
 bool FailureFanout::begin_shutdown() {
@@ -46,7 +53,7 @@ void FailureFanout::fail_for_shutdown(const std::string& running_msg) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.empty()) error_ = "fastps was shut down";
   }
-  for (auto& h : handles_->all()) handles_->fail(h, running_msg);
+  for (auto& h : handles_->all()) handles_->fail(h, running_msg, ErrorKind::kError);
 }
 
 }  // namespace fastps

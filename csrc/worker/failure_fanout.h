@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/errors.h"
 #include "worker/handle_table.h"
 #include "worker/part_table.h"
 #include "worker/push_scheduler.h"
@@ -26,11 +27,14 @@ class FailureFanout {
   // The local stage, when there is one: it forgets the tensor's half-reduced parts.
   void set_reducer(LocalReducer* r) { reducer_ = r; }
 
-  void abort(const std::string& reason);
+  // kind: how the failed push_pulls report it (common/errors.h).
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort);
   // tell_peers: this worker found the failure, so the local peers must hear of it.
   void fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers);
   // "" while healthy; else the abort reason.
   std::string error() const;
+  // Throws the abort reason, typed by its kind, if the worker aborted.
+  void throw_if_failed() const;
   // Marks the worker as shutting down; false if it already was.
   bool begin_shutdown();
   bool shutting_down() const;
@@ -46,6 +50,7 @@ class FailureFanout {
   // A leaf lock, held only to read or set the two fields below.
   mutable std::mutex mu_;
   std::string error_;
+  ErrorKind error_kind_ = ErrorKind::kError;
   bool shutting_down_ = false;
 };
 

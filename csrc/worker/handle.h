@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "worker/partitioner.h"
 #include "worker/registry.h"
 
@@ -29,14 +30,16 @@ struct Handle {
   std::condition_variable cv;
   bool done = false;
   std::string error;  // empty on success
+  ErrorKind error_kind = ErrorKind::kError;
 
   // First caller wins; later completions/failures are ignored.
-  bool finish(const std::string& err) {
+  bool finish(const std::string& err, ErrorKind kind = ErrorKind::kError) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return false;
       done = true;
       error = err;
+      error_kind = kind;
     }
     cv.notify_all();
     return true;

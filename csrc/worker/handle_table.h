@@ -29,7 +29,7 @@ class HandleTable {
   // h succeeded without moving parts (nothing to sum, or a single worker).
   void complete(const std::shared_ptr<Handle>& h);
   // h failed with msg, unless it already ended.
-  void fail(const std::shared_ptr<Handle>& h, const std::string& msg);
+  void fail(const std::shared_ptr<Handle>& h, const std::string& msg, ErrorKind kind);
 
  private:
   TensorRegistry* registry_;

@@ -24,8 +24,8 @@ struct LocalGroupOptions {
   uint32_t rank = 0;
   uint32_t num_workers = 1;
   std::vector<uint32_t> local_ranks;  // every worker on this host, this one included, sorted
-  size_t shm_bytes = 256u << 20;
-  double timeout_s = 60.0;
+  size_t shm_bytes = 0;  // set from WorkerOptions, like every field here
+  double timeout_s = 0;
 };
 
 class LocalGroup : public SlotSpace {

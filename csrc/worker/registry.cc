@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "common/errors.h"
+
 namespace fastps {
 
 uint64_t tensor_id_of(const std::string& name) {
@@ -26,7 +28,7 @@ TensorEntry* TensorRegistry::begin(const std::string& name) {
     uint64_t id = tensor_id_of(name);
     auto clash = by_id_.find(id);
     if (clash != by_id_.end())
-      throw std::runtime_error("tensor names '" + name + "' and '" + clash->second->name +
+      throw Error("tensor names '" + name + "' and '" + clash->second->name +
                                "' hash to the same id; rename one of them");
     TensorEntry e;
     e.name = name;
@@ -35,7 +37,7 @@ TensorEntry* TensorRegistry::begin(const std::string& name) {
     by_id_[id] = &it->second;
   }
   if (it->second.in_flight)
-    throw std::runtime_error("tensor '" + name +
+    throw Error("tensor '" + name +
                              "' already has a push_pull in flight; synchronize it before "
                              "starting another with the same name");
   it->second.in_flight = true;

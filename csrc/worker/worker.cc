@@ -29,13 +29,13 @@ std::vector<double> weights_or_equal(const WorkerOptions& o) {
 
 Worker::Worker(WorkerOptions opts)
     : opts_(std::move(opts)),
-      partitioner_(opts_.partition_bytes, weights_or_equal(opts_)),
+      // The options are checked before the first member that uses them is built.
+      partitioner_((check_options(opts_), opts_.partition_bytes), weights_or_equal(opts_)),
       scheduler_(opts_.credit_bytes, opts_.window_bytes, weights_or_equal(opts_)),
       handles_(&registry_),
       failures_(opts_.rank, &parts_, &handles_, &scheduler_) {
   if (opts_.num_workers > 1 && opts_.servers.empty())
     throw std::invalid_argument("a job with more than one worker needs at least one server");
-  if (opts_.conns_per_server < 1) opts_.conns_per_server = 1;
   if (!opts_.local_servers.empty() && opts_.local_servers.size() != opts_.servers.size())
     throw std::invalid_argument("got " + std::to_string(opts_.local_servers.size()) +
                                 " local_servers flags for " + std::to_string(opts_.servers.size()) +
@@ -134,10 +134,11 @@ void Worker::attach_local_servers() {
   std::unique_lock<std::mutex> lock(attach_mu_);
   bool ok = attach_cv_.wait_for(lock, std::chrono::duration<double>(opts_.connect_timeout_s),
                                 [&] { return attach_replies_ >= asked || !error().empty(); });
-  if (!error().empty()) throw std::runtime_error(error());
+  failures_.throw_if_failed();
   if (!ok)
-    throw std::runtime_error("worker " + std::to_string(opts_.rank) +
-                             ": colocated servers did not answer the shared-memory attach");
+    throw TimeoutError("worker " + std::to_string(opts_.rank) +
+                       ": colocated servers did not answer the shared-memory attach within " +
+                       std::to_string(opts_.connect_timeout_s) + " s");
 }
 
 void Worker::on_attached(Connection* c, const std::string& why_not) {
@@ -170,10 +171,7 @@ int64_t Worker::push_pull(const void* in, void* out, size_t nbytes, DType dt,
 }
 
 std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>& reqs) {
-  {
-    std::string err = failures_.error();
-    if (!err.empty()) throw std::runtime_error(err);
-  }
+  failures_.throw_if_failed();
   for (auto& r : reqs) {
     size_t elem = dtype_size(r.dtype);
     if (r.nbytes % elem != 0)
@@ -233,7 +231,7 @@ std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>&
       };
     std::string failed = parts_.add(h, owned);
     if (!failed.empty()) {
-      handles_.fail(h, failed);
+      handles_.fail(h, failed, ErrorKind::kAbort);  // an earlier disagreement about it
       continue;
     }
     moving.push_back(h);
@@ -381,7 +379,7 @@ void Worker::on_close(Connection* c, bool clean, const std::string& reason) {
   abort("lost connection to " + c->desc() + ": " + reason);
 }
 
-void Worker::abort(const std::string& reason) { failures_.abort(reason); }
+void Worker::abort(const std::string& reason, ErrorKind kind) { failures_.abort(reason, kind); }
 
 std::string Worker::error() const { return failures_.error(); }
 
@@ -402,14 +400,15 @@ void Worker::wait(int64_t id, double timeout_s) {
        << " did not complete within " << timeout_s << " s (" << h->remaining.load() << " of "
        << h->parts.size()
        << " parts outstanding); another worker may not have submitted this tensor";
-    abort(os.str());
+    abort(os.str(), ErrorKind::kTimeout);
     release(id);
-    throw std::runtime_error(os.str());
+    throw TimeoutError(os.str());
   }
   std::string err = h->error;
+  ErrorKind kind = h->error_kind;
   lock.unlock();
   release(id);
-  if (!err.empty()) throw std::runtime_error(err);
+  if (!err.empty()) throw_error(kind, err);
 }
 
 void Worker::release(int64_t id) { handles_.release(id); }

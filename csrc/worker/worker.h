@@ -19,6 +19,7 @@
 
 #include "common/buffer_pool.h"
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "transport/link.h"
 #include "transport/tcp.h"
 #include "worker/failure_fanout.h"
@@ -26,6 +27,7 @@
 #include "worker/handle_table.h"
 #include "worker/local_group.h"
 #include "worker/local_reducer.h"
+#include "worker/options.h"
 #include "worker/part_table.h"
 #include "worker/partitioner.h"
 #include "worker/push_scheduler.h"
@@ -33,37 +35,6 @@
 #include "worker/worker_stats.h"
 
 namespace fastps {
-
-struct WorkerOptions {
-  uint32_t rank = 0;
-  uint32_t num_workers = 1;
-  std::vector<std::string> servers;      // "host:port" per server id
-  std::vector<double> server_weights;    // empty: equal
-  std::string job_id;
-  std::string token;
-  size_t partition_bytes = 4u << 20;
-  size_t credit_bytes = 4u << 20;
-  // Bytes of parts more urgent than the next one that may wait unanswered at a server
-  // with an even share of the bytes, scaled by each server's share (see
-  // worker/push_scheduler.h); 0: no such limit.
-  size_t window_bytes = 1u << 20;
-  // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
-  size_t notsent_lowat = 128u << 10;
-  // Rate cap per server, bytes/s, split over that server's connections
-  // (core/placement.py pacing_plan); empty or 0: unpaced.
-  std::vector<double> pacing_bytes_per_s;
-  int conns_per_server = 1;
-  double connect_timeout_s = 60.0;
-  // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
-  // host (this one included; empty: only this one), which servers share this
-  // host, and how many hosts have workers (the pushes a server waits for per
-  // part once each host pushes its local sum). shm = false: plain TCP only.
-  std::vector<uint32_t> local_ranks;
-  std::vector<bool> local_servers;
-  uint32_t num_hosts = 0;
-  bool shm = true;
-  size_t shm_bytes = 256u << 20;
-};
 
 // One tensor of a push_pull_group.
 struct PushPullRequest {
@@ -90,11 +61,12 @@ class Worker : public FrameHandler {
   // pushes them in one urgency order from the first byte on. Handle ids in order.
   std::vector<int64_t> push_pull_group(const std::vector<PushPullRequest>& reqs);
   bool poll(int64_t handle);
-  // Waits, releases the handle, throws std::runtime_error on failure/timeout.
+  // Waits, releases the handle; throws TimeoutError when timeout_s passes (which
+  // aborts the job), else the error type the handle failed with (common/errors.h).
   void wait(int64_t handle, double timeout_s);
   void release(int64_t handle);
-  // Fails every pending and future operation with this reason.
-  void abort(const std::string& reason);
+  // Fails every pending and future operation with this reason, as an error of this kind.
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort);
   std::string error() const;
   void shutdown();
   using Stats = WorkerStats;

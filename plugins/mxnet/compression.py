@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Any, Tuple
 
 import mxnet as mx
 import numpy as np
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
 
-NDArray = mx.nd.NDArray
+if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
+    from typing_extensions import TypeAlias
+
+NDArray: TypeAlias = mx.nd.NDArray
 
 
 class Compressor(ABC):

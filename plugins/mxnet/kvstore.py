@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 from fastps import api as _api
@@ -39,8 +39,11 @@ from .ops import MXHandle, _start, broadcast_async_
 
 __all__ = ["FastPS", "dist_sync_fastps"]
 
-NDArray = mx.nd.NDArray
-KVStoreBase = mx.kvstore.KVStoreBase
+if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
+    from typing_extensions import TypeAlias
+
+NDArray: TypeAlias = mx.nd.NDArray
+KVStoreBase: TypeAlias = mx.kvstore.KVStoreBase
 Key = Union[int, str]
 
 # Stores are numbered in creation order (the same on every worker), so two stores that use
@@ -65,7 +68,7 @@ def _pairs(key: Any, value: Any, what: str) -> List[Tuple[Key, List[NDArray]]]:
     if not arrays:
         raise FastPSError(f"kvstore.{what}: key {key!r} has no value")
     for a in arrays:
-        if not isinstance(a, NDArray):
+        if not isinstance(a, mx.nd.NDArray):
             raise FastPSError(
                 f"kvstore.{what}: key {key!r}: expected NDArrays, got {type(a).__name__}")
         if a.stype != "default":

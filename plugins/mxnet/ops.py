@@ -11,7 +11,7 @@ devices (GPUs) are staged through a host copy.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -41,7 +41,10 @@ __all__ = [
     "check_same_everywhere",
 ]
 
-NDArray = mx.nd.NDArray
+if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
+    from typing_extensions import TypeAlias
+
+NDArray: TypeAlias = mx.nd.NDArray
 
 # Device types whose memory the CPU can address directly.
 _HOST_DEVICES = ("cpu", "cpu_pinned", "cpu_shared")
@@ -67,7 +70,7 @@ class _Meta:
     __slots__ = ("arr", "shape", "dtype", "host")
 
     def __init__(self, arr: Any, what: str) -> None:
-        if not isinstance(arr, NDArray):
+        if not isinstance(arr, mx.nd.NDArray):
             raise FastPSError(f"{what}: expected an mxnet NDArray, got {type(arr).__name__}")
         stype = arr.stype
         if stype != "default":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -33,8 +33,11 @@ def _default_prefix(base: str, counter: itertools.count[int]) -> str:
     n = next(counter)
     return f"{base}." if n == 0 else f"{base}{n}."
 
-NDArray = mx.nd.NDArray
-Parameter = mx.gluon.Parameter
+if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
+    from typing_extensions import TypeAlias
+
+NDArray: TypeAlias = mx.nd.NDArray
+Parameter: TypeAlias = mx.gluon.Parameter
 _DeferredInit = mx.gluon.parameter.DeferredInitializationError
 
 
@@ -71,7 +74,7 @@ def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
     if isinstance(params, (dict, mx.gluon.ParameterDict)) or hasattr(params, "items"):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, (list, tuple)):
-        items = [(p.name if isinstance(p, Parameter) else str(i), p)
+        items = [(p.name if isinstance(p, mx.gluon.Parameter) else str(i), p)
                  for i, p in enumerate(params)]
     else:
         raise FastPSError(
@@ -80,9 +83,9 @@ def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
         )
     signature = []
     for key, value in items:
-        if isinstance(value, NDArray):
+        if isinstance(value, mx.nd.NDArray):
             signature.append(f"{key} {dtype_name(value)}{list(value.shape)}")
-        elif isinstance(value, Parameter):
+        elif isinstance(value, mx.gluon.Parameter):
             signature.append(f"{key} {np.dtype(value.dtype).name}{list(value.shape or ())}")
         else:
             signature.append(f"{key} {type(value).__name__}")
@@ -92,9 +95,9 @@ def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
     handles: List[MXHandle] = []
     for key, value in items:
         name = f"{prefix}{key}"
-        if isinstance(value, NDArray):
+        if isinstance(value, mx.nd.NDArray):
             handles.append(broadcast_async_(value, root_rank, name))
-        elif isinstance(value, Parameter):
+        elif isinstance(value, mx.gluon.Parameter):
             try:
                 value.list_data()
             except _DeferredInit:
@@ -213,9 +216,10 @@ def _creation_order(params: Any) -> Optional[Dict[str, int]]:
     guide for priorities.
     """
     if isinstance(params, (list, tuple)):
-        return {p.name: i for i, p in enumerate(params) if isinstance(p, Parameter)}
+        return {p.name: i for i, p in enumerate(params) if isinstance(p, mx.gluon.Parameter)}
     if hasattr(params, "values"):
-        return {p.name: i for i, p in enumerate(params.values()) if isinstance(p, Parameter)}
+        values = params.values()
+        return {p.name: i for i, p in enumerate(values) if isinstance(p, mx.gluon.Parameter)}
     return None
 
 

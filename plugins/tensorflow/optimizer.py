@@ -14,7 +14,7 @@ __all__ = ["DistributedOptimizer"]
 _classes: Dict[type, type] = {}
 
 
-def _distributed_class(base: type) -> type:
+def _distributed_class(base: Any) -> Any:
     """A subclass of ``base`` whose ``apply`` reduces the gradients first.
 
     It keeps ``base``'s name and module, so a model saved with it loads (as the plain

@@ -20,9 +20,9 @@ from fastps.errors import FastPSError
 from .ops import _allgather_start, _name, broadcast_, broadcast_async_, core_dtype
 
 try:  # cloudpickle also serialises lambdas and locally defined classes
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle  # type: ignore[no-redef]
+    _pickler = pickle
 
 __all__ = [
     "broadcast_object",

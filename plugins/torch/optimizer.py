@@ -375,7 +375,7 @@ def DistributedOptimizer(
         rop,
         float(gradient_predivide_factor),
     )
-    cls = _distributed_class(type(optimizer))
+    cls: Any = _distributed_class(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(
         {k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP}

@@ -56,6 +56,8 @@ struct Cluster {
       o.host = "127.0.0.1";
       o.port = 0;
       o.engine_threads = 2;
+      o.io_threads = 1;
+      o.handshake_timeout_s = 5;
       servers.push_back(std::make_unique<Server>(o));
       addrs.push_back("127.0.0.1:" + std::to_string(servers.back()->start()));
     }
@@ -73,6 +75,8 @@ struct Cluster {
     o.credit_bytes = 128 << 10;
     o.window_bytes = 96 << 10;
     o.connect_timeout_s = 20;
+    o.conns_per_server = 1;
+    o.shm = true;  // the kTcp case turns it off
     o.shm_bytes = 8u << 20;
     o.local_servers.assign(addrs.size(), false);
     switch (path) {

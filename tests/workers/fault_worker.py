@@ -55,6 +55,16 @@ def main() -> None:
             fastps.push_pull(np.ones((4, 4), dt), name="bias")
         except fastps.FastPSError as exc:
             report(t0, exc)
+    elif mode == "op-timeout":
+        # Rank 1 never submits "lonely": rank 0's bounded wait must end in a timeout.
+        if rank == 0:
+            try:
+                fastps.push_pull_async(x, name="lonely").synchronize(timeout=1.5)
+            except fastps.FastPSError as exc:
+                report(t0, exc)
+            print("NO-ERROR", flush=True)
+        else:
+            time.sleep(8)
     elif mode == "kill-worker":
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,26 @@
+// What a Server is configured with. Every value comes from the Python side
+// (fastps.config.Config, where the defaults live); the zero values here only
+// mean "not set", and check_options refuses the ones that must be set.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace fastps {
+
+struct ServerOptions {
+  uint32_t server_id = 0;
+  uint32_t num_workers = 0;
+  std::string job_id;
+  std::string token;
+  std::string host;  // address to bind
+  int port = 0;      // 0: any free port (Server::start returns it)
+  int io_threads = 0;
+  int engine_threads = 0;
+  // How long an accepted connection may take to authenticate.
+  double handshake_timeout_s = 0;
+};
+
+// Throws std::invalid_argument naming the first field that is unset or out of range.
+void check_options(const ServerOptions& o);
+
+}  // namespace fastps

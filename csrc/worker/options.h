@@ -1,0 +1,47 @@
+// What a Worker is configured with. Every value comes from the Python side
+// (fastps.config.Config, where the defaults and their reasons live); the zero
+// values here only mean "not set", and check_options refuses the ones that
+// must be set.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fastps {
+
+struct WorkerOptions {
+  uint32_t rank = 0;
+  uint32_t num_workers = 0;
+  std::vector<std::string> servers;    // "host:port" per server id
+  std::vector<double> server_weights;  // empty: equal
+  std::string job_id;
+  std::string token;
+  size_t partition_bytes = 0;
+  size_t credit_bytes = 0;
+  // Bytes of parts more urgent than the next one that may wait unanswered at a server
+  // with an even share of the bytes, scaled by each server's share (see
+  // Worker::window_open); 0: no such limit.
+  size_t window_bytes = 0;
+  // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
+  size_t notsent_lowat = 0;
+  // Rate cap per server, bytes/s, split over that server's connections
+  // (core/placement.py pacing_plan); empty or 0: unpaced.
+  std::vector<double> pacing_bytes_per_s;
+  int conns_per_server = 0;
+  double connect_timeout_s = 0;
+  // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this
+  // host (this one included; empty: only this one), which servers share this
+  // host, and how many hosts have workers (the pushes a server waits for per
+  // part once each host pushes its local sum). shm = false: plain TCP only.
+  std::vector<uint32_t> local_ranks;
+  std::vector<bool> local_servers;
+  uint32_t num_hosts = 0;
+  bool shm = false;
+  size_t shm_bytes = 0;
+};
+
+// Throws std::invalid_argument naming the first field that is unset or out of range.
+void check_options(const WorkerOptions& o);
+
+}  // namespace fastps
