@@ -184,6 +184,9 @@ def test_config_defaults() -> None:
     assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
     assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
+    assert (cfg.io_threads, cfg.handshake_timeout) == (1, 5.0)
+    tuned = Config.from_env({"FASTPS_IO_THREADS": "3", "FASTPS_HANDSHAKE_TIMEOUT": "0.5"})
+    assert (tuned.io_threads, tuned.handshake_timeout) == (3, 0.5)
     assert (cfg.timeout, cfg.op_timeout) == (120.0, 300.0)
     assert (cfg.heartbeat_interval, cfg.heartbeat_timeout) == (1.0, 10.0)
     assert cfg.host == "127.0.0.1"
@@ -229,6 +232,8 @@ def test_config_rank_fallbacks(
         ("FASTPS_JOB_ID", "a/b"),
         ("FASTPS_LOG_LEVEL", "LOUD"),
         ("FASTPS_CONNS_PER_SERVER", "0"),
+        ("FASTPS_IO_THREADS", "0"),
+        ("FASTPS_HANDSHAKE_TIMEOUT", "0"),
         ("FASTPS_LINK_MBIT", "1Gbit"),
         ("FASTPS_LINK_MBIT", "-5"),
         ("FASTPS_LINK_MBIT", "inf"),
