@@ -47,7 +47,8 @@ class _State:
         self.worker = worker
         self.names = itertools.count()
         self.barriers = itertools.count()
-        self.declared: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+        # This worker's latest declaration of each tensor and how many came before it.
+        self.declared: Dict[str, Tuple[Tuple[Tuple[int, ...], str, int], int]] = {}
         self.lock = threading.Lock()
         self.failed: Optional[str] = None
 
@@ -448,15 +449,19 @@ def _explain(st: _State, exc: BaseException) -> FastPSError:
     return FastPSAbort(msg)
 
 
-def _declare(st: _State, name: str, buf: RawBuffer) -> None:
+def _declare(st: _State, name: str, buf: RawBuffer, priority: int) -> None:
+    """Declares (shape, dtype, priority) of a tensor to the scheduler, again whenever it
+    changes on this worker, so the scheduler can check every worker agrees."""
     if st.client is None:
         return
-    sig = (buf.shape, buf.dtype)
+    sig = (buf.shape, buf.dtype, priority)
     with st.lock:
-        if name in st.declared:
+        known = st.declared.get(name)
+        if known is not None and known[0] == sig:
             return
-        st.declared[name] = sig
-    st.client.declare(name, list(buf.shape), buf.dtype, st.cfg.rank)
+        version = 0 if known is None else known[1] + 1
+        st.declared[name] = (sig, version)
+    st.client.declare(name, list(buf.shape), buf.dtype, st.cfg.rank, priority, version)
 
 
 def auto_name(prefix: str) -> str:
@@ -480,16 +485,17 @@ def push_pull_raw(
             f"tensor '{name}': output {out_buf.dtype}{list(out_buf.shape)} does not match input "
             f"{in_buf.dtype}{list(in_buf.shape)}"
         )
-    _declare(st, name, in_buf)
+    priority = int(priority)
+    _declare(st, name, in_buf, priority)
     batch: Optional[_Batch] = getattr(_batching, "batch", None)
     if batch is not None and batch.st is st:
         handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])
-        batch.add((in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority),
+        batch.add((in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, priority,
                    float(scale)), handle)
         return handle
     try:
         hid = st.worker.push_pull(
-            in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, int(priority), float(scale)
+            in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, priority, float(scale)
         )
     except (RuntimeError, ValueError) as exc:
         raise _explain(st, exc) from None
@@ -507,8 +513,12 @@ def push_pull_async(
     """Starts summing (or averaging) ``tensor`` over all workers.
 
     ``out=None`` allocates a new numpy array for the result; ``out=tensor`` works in place.
-    Larger ``priority`` goes first; equal priorities go in submission order. ``dtype``
-    reinterprets the elements (numpy has no bfloat16: pass uint16 bits with "bfloat16").
+    Larger ``priority`` goes first. Equal priorities go in an order fixed by the tensor
+    names (a hash), the same on every worker; not in submission order, which can differ
+    between workers (docs/architecture.md, "Priorities"). Every worker must give a tensor the
+    same priority: a disagreement aborts the job with FastPSAbort naming the tensor and both
+    priorities. ``dtype`` reinterprets the elements (numpy has no bfloat16: pass uint16 bits
+    with "bfloat16").
     """
     st = _st()
     name = name or auto_name("push_pull")

@@ -422,8 +422,18 @@ class ControlClient:
             raise FastPSTimeoutError(f"barrier {name!r} timed out after {limit:g} s")
         raise FastPSError(f"ControlClient closed while waiting in barrier {name!r}")
 
-    def declare(self, name: str, shape: Sequence[int], dtype: str, rank: int) -> None:
-        """Tells the scheduler this worker's tensor ``name`` has ``shape``/``dtype``.
+    def declare(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: str,
+        rank: int,
+        priority: int,
+        version: int = 0,
+    ) -> None:
+        """Tells the scheduler this worker's tensor ``name`` has ``shape``/``dtype`` and is
+        pushed with ``priority``; ``version`` counts this worker's earlier, different
+        declarations of the name.
 
         Does not wait. A mismatch with another worker aborts the job with a reason that names
         the tensor and both sides.
@@ -437,6 +447,8 @@ class ControlClient:
                 "shape": [int(d) for d in shape],
                 "dtype": str(dtype),
                 "rank": int(rank),
+                "priority": int(priority),
+                "version": int(version),
             }
         )
 

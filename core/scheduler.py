@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from .config import (
     DEFAULT_HANDSHAKE_TIMEOUT,
@@ -51,6 +51,15 @@ LINGER = 2.0  # after our FIN, how long to wait for the peer's before closing ha
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Declared(NamedTuple):
+    """The first declaration of one version of a tensor, and the rank that made it."""
+
+    shape: List[int]
+    dtype: str
+    priority: int
+    rank: int
 
 
 def _describe_tensor(dtype: str, shape: List[int]) -> str:
@@ -138,7 +147,7 @@ class Scheduler:
         self._servers: Dict[int, _Conn] = {}
         self._left: Set[Tuple[str, int]] = set()
         self._barriers: Dict[str, Set[int]] = {}
-        self._tensors: Dict[str, Tuple[List[int], str, int]] = {}
+        self._tensors: Dict[Tuple[str, int], _Declared] = {}  # by (name, version)
         self._started_at = 0.0
         self._membership_sent = False
         self._shutdown_sent = False
@@ -655,7 +664,16 @@ class Scheduler:
                 self._send(worker, {"type": "barrier_done", "name": name})
 
     def _declare(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        """Checks a worker's declaration of a tensor against the other workers'.
+
+        A declaration is (shape, dtype, priority). A worker declares a tensor again each
+        time that changes on its side, numbering its declarations of the name (``version``);
+        every worker runs the same program, so declaration ``v`` must agree on every worker.
+        The priority must agree because the push window's deadlock freedom rests on every
+        worker ordering the parts alike (docs/architecture.md).
+        """
         name, shape, dtype = msg.get("name"), msg.get("shape"), msg.get("dtype")
+        priority, version = msg.get("priority"), msg.get("version")
         rank = msg.get("rank", conn.node_id)
         if (
             not isinstance(name, str)
@@ -664,20 +682,31 @@ class Scheduler:
             or not all(_is_int(d) and d >= 0 for d in shape)
             or not isinstance(rank, int)
             or isinstance(rank, bool)
+            or not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not isinstance(version, int)
+            or isinstance(version, bool)
+            or version < 0
         ):
             self._protocol_error(conn, f"invalid declare message for tensor {str(name)[:200]!r}")
             return
         shape = [int(d) for d in shape]
-        known = self._tensors.get(name)
+        known = self._tensors.get((name, version))
         if known is None:
-            self._tensors[name] = (shape, dtype, rank)
+            self._tensors[(name, version)] = _Declared(shape, dtype, priority, rank)
             return
-        known_shape, known_dtype, known_rank = known
-        if known_shape != shape or known_dtype != dtype:
+        which = f" (declaration {version + 1} of it)" if version else ""
+        if known.shape != shape or known.dtype != dtype:
             self._abort(
-                f"tensor {name!r} mismatch: rank {known_rank} has "
-                f"{_describe_tensor(known_dtype, known_shape)}, rank {rank} has "
+                f"tensor {name!r} mismatch{which}: rank {known.rank} has "
+                f"{_describe_tensor(known.dtype, known.shape)}, rank {rank} has "
                 f"{_describe_tensor(dtype, shape)}"
+            )
+        elif known.priority != priority:
+            self._abort(
+                f"tensor {name!r} priority mismatch{which}: rank {known.rank} gives it priority "
+                f"{known.priority}, rank {rank} gives it priority {priority}; every worker must "
+                "give a tensor the same priority (the push order across workers depends on it)"
             )
 
     def _bye(self, conn: _Conn) -> None:

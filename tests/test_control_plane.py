@@ -534,12 +534,12 @@ def test_declare_mismatch_aborts_every_client(make_scheduler: Callable[..., Sche
     for key, c in clients.items():
         c.on_abort(recorder(key))
     try:
-        clients[("worker", 0)].declare("fc.weight", [10, 3], "float32", 0)
-        clients[("worker", 2)].declare("fc.weight", [10, 3], "float32", 2)
-        clients[("worker", 0)].declare("fc.bias", [10], "float32", 0)
+        clients[("worker", 0)].declare("fc.weight", [10, 3], "float32", 0, 0)
+        clients[("worker", 2)].declare("fc.weight", [10, 3], "float32", 2, 0)
+        clients[("worker", 0)].declare("fc.bias", [10], "float32", 0, 0)
         time.sleep(0.2)
         assert not reasons  # same shapes: nothing happens
-        clients[("worker", 1)].declare("fc.weight", [10, 4], "float32", 1)
+        clients[("worker", 1)].declare("fc.weight", [10, 4], "float32", 1, 0)
         assert got_all.wait(10)
         expected = (
             "tensor 'fc.weight' mismatch: rank 0 has float32[10, 3], rank 1 has float32[10, 4]"
@@ -550,6 +550,38 @@ def test_declare_mismatch_aborts_every_client(make_scheduler: Callable[..., Sche
         late: List[str] = []
         clients[("worker", 2)].on_abort(late.append)  # registered after the fact: called now
         assert late == [expected]
+    finally:
+        close_all(clients)
+    assert sched.join(5.0) and sched.exit_code == 1
+
+
+def test_declared_priorities_must_agree_version_by_version(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    sched = make_scheduler(3, 1)
+    clients, _ = register_all(sched, {0: "h", 1: "h", 2: "h"}, num_servers=1)
+    reasons: List[str] = []
+    clients[("worker", 0)].on_abort(reasons.append)
+    w0, w1, w2 = (clients[("worker", r)] for r in range(3))
+    try:
+        # Every worker changes the priority of fc.weight the same way: that is fine.
+        w0.declare("fc.weight", [10, 3], "float32", 0, 5, 0)
+        w0.declare("fc.weight", [10, 3], "float32", 0, 7, 1)
+        w1.declare("fc.weight", [10, 3], "float32", 1, 5, 0)
+        w1.declare("fc.weight", [10, 3], "float32", 1, 7, 1)
+        w2.declare("fc.weight", [10, 3], "float32", 2, 5, 0)
+        time.sleep(0.2)
+        assert not reasons and sched.abort_reason is None
+        # Worker 2's second declaration disagrees on the priority only.
+        w2.declare("fc.weight", [10, 3], "float32", 2, 6, 1)
+        deadline = time.monotonic() + 10
+        while not reasons and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reasons == [
+            "tensor 'fc.weight' priority mismatch (declaration 2 of it): rank 0 gives it "
+            "priority 7, rank 2 gives it priority 6; every worker must give a tensor the same "
+            "priority (the push order across workers depends on it)"
+        ]
     finally:
         close_all(clients)
     assert sched.join(5.0) and sched.exit_code == 1

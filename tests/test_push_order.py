@@ -9,6 +9,7 @@ start with different parts must not wait on each other forever: with a window of
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from jobs import WORKERS, Job
@@ -26,3 +27,26 @@ def test_shuffled_orders_finish_with_exact_sums(mode: str, window: str) -> None:
         job.wait(120, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
+
+
+@pytest.mark.parametrize("mode", ["large-equal", "large-priority"])
+def test_large_tensors_in_opposite_orders_finish(mode: str) -> None:
+    # Two emulated hosts, TCP pushes with the default window and 256 KiB parts: each
+    # ~3 MiB tensor is a dozen parts, and the workers start at opposite ends of the list.
+    env = {"FASTPS_OP_TIMEOUT": "90"}
+    with Job(2, 2, [ORDER_WORKER, mode], worker_hosts=["a", "b"], server_hosts=["a", "b"],
+             env=env) as job:
+        job.wait(120, job.workers())
+        for w in job.workers():
+            assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
+
+
+def test_different_priorities_for_one_tensor_abort_naming_both() -> None:
+    with Job(2, 1, [ORDER_WORKER, "priority-mismatch"]) as job:
+        job.wait(90, job.workers())
+        for w in job.workers():
+            m = re.search(r"CAUGHT (\w+): (.*)", w.output)
+            assert m and w.popen.returncode == 3, job.dump()
+            assert m.group(1) == "FastPSAbort", m.group(0)
+            assert "tensor 'conv1.weight' priority mismatch" in m.group(2), m.group(0)
+            assert "priority 3" in m.group(2) and "priority 8" in m.group(2), m.group(0)

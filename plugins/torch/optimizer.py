@@ -12,7 +12,10 @@ Priorities (P3, SysML'19 §3): the gradient of the parameter that the next forwa
 first is sent first. The forward order is learned during the first iteration (see
 ``priority.py``), so models whose registration order differs from their execution order
 still get the right priorities. The core cuts large gradients into parts and always sends
-the highest-priority part that is ready.
+the highest-priority part that is ready. Every worker must give a gradient the same priority
+(the core's push window relies on it, and the scheduler checks it), but each worker learns
+from its own forward pass, which differs in a dynamic graph (a layer used on some ranks
+only): before the first gradient goes out, rank 0's learned priorities become everyone's.
 
 The wrapper: ``DistributedOptimizer(opt)`` returns an object of a subclass of
 ``type(opt)`` (``isinstance`` checks, LR schedulers, ``state_dict`` keep working) that
@@ -24,12 +27,15 @@ wrapping is kept, and the wrapped optimizer's code runs unchanged in ``step()``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Type
 
 import fastps
+import numpy as np
 import torch
+from fastps import api as _api
 from fastps.errors import FastPSError
 
 from .compression import Compression
@@ -40,6 +46,10 @@ from .priority import ForwardOrder
 __all__ = ["DistributedOptimizer"]
 
 GRAD_PREFIX = "grad."
+
+# Numbers the gradient syncs in creation order (the same on every rank), to name their
+# priority agreements.
+_sync_ids = itertools.count()
 
 # Parameter id -> the sync whose hook sends its gradient. When a parameter is wrapped by a
 # second DistributedOptimizer (the optimizer re-created), the newest one takes over the
@@ -87,6 +97,11 @@ class _GradientSync:
         self.entries: List[_Entry] = []
         self.by_id: Dict[int, _Entry] = {}
         self.order = ForwardOrder([])
+        self.sync_id = next(_sync_ids)
+        # Priority of each entry, the same on every rank (None: not agreed yet); see
+        # _agree_priorities.
+        self.agreed: Optional[List[int]] = None
+        self.agreements = 0
         self.should_synchronize = True
         self.synchronized = False
         try:
@@ -111,6 +126,8 @@ class _GradientSync:
             self.by_id[id(p)] = e
             new.append(e)
         self.order.add(e.param for e in new)
+        if new:
+            self.agreed = None  # every rank adds the group, then agrees again
         if self.active:
             ref = weakref.ref(self)
 
@@ -147,7 +164,13 @@ class _GradientSync:
     # ---------------------------------------------------------------- priorities
 
     def priority(self, e: _Entry) -> int:
-        """Larger goes first: parameters seen in the forward pass rank by first use, above
+        """Larger goes first; once agreed, the same on every rank."""
+        if self.agreed is not None:
+            return self.agreed[e.index]
+        return self._learned_priority(e)
+
+    def _learned_priority(self, e: _Entry) -> int:
+        """This rank's view: parameters seen in the forward pass rank by first use, above
         those never seen, which rank by registration order."""
         n = len(self.entries)
         pos = self.order.position(e.param)
@@ -178,7 +201,22 @@ class _GradientSync:
             if e.passes >= self.passes_per_step:
                 self._start(e)
 
+    def _agree_priorities(self) -> None:
+        """Makes rank 0's learned priorities everyone's (one small broadcast).
+
+        Every rank reaches this before pushing its first gradient of a step in which the
+        priorities are not agreed yet (in a gradient hook or in synchronize), so the
+        broadcast meets on every rank; it is named by the sync's creation order.
+        """
+        mine = np.array([self._learned_priority(e) for e in self.entries], dtype=np.int64)
+        name = f"fastps.priorities.{self.sync_id}.{self.agreements}"
+        self.agreements += 1
+        agreed = _api.broadcast(mine, 0, name=name)
+        self.agreed = [int(p) for p in agreed]
+
     def _start(self, e: _Entry) -> None:
+        if self.agreed is None:
+            self._agree_priorities()
         p = e.param
         grad = p.grad
         if grad is None:

@@ -16,9 +16,57 @@ import fastps
 import numpy as np
 
 
+def large_reversed(mode: str) -> int:
+    """Large tensors (many parts each), submitted in opposite orders by the two halves of
+    the workers: the most urgent part must still be pushed by everyone."""
+    rank, size = fastps.rank(), fastps.size()
+    sizes = [(3 << 20) // 4 + 4099 * i for i in range(6)]  # ~3 MiB of float32 each
+    for it in range(2):
+        order = list(range(len(sizes)))
+        if rank % 2:
+            order.reverse()
+        handles = []
+        for i in order:
+            x = np.full(sizes[i], float(rank + 1 + i + it), dtype=np.float32)
+            prio = i if mode == "large-priority" else 0
+            handles.append((i, fastps.push_pull_async(x, average=False, name=f"big{i}",
+                                                       priority=prio)))
+        for i, h in handles:
+            out = h.synchronize()
+            want = sum(float(r + 1 + i + it) for r in range(size))
+            if not np.all(out == want):
+                print(f"WRONG SUM rank {rank} tensor big{i} iter {it}", flush=True)
+                return 1
+    print(f"ORDER-OK rank {rank}", flush=True)
+    fastps.shutdown()
+    return 0
+
+
+def priority_mismatch() -> int:
+    """Rank 1 gives a tensor another priority than rank 0: the job must abort, naming the
+    tensor and both priorities, instead of risking a hang."""
+    rank = fastps.rank()
+    x = np.ones(1 << 18, np.float32)
+    try:
+        fastps.push_pull(x, name="conv1.weight", priority=3 if rank == 0 else 8)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the abort may arrive after that sum
+            fastps.push_pull(x[:10], name="steady")
+            time.sleep(0.01)
+    except fastps.FastPSError as exc:
+        print(f"CAUGHT {type(exc).__name__}: {exc}", flush=True)
+        return 3
+    print("NO-ERROR", flush=True)
+    return 0
+
+
 def main() -> int:
     mode = sys.argv[1]  # "priority": distinct priorities; "equal": all priority 0
     fastps.init()
+    if mode in ("large-equal", "large-priority"):
+        return large_reversed(mode)
+    if mode == "priority-mismatch":
+        return priority_mismatch()
     rank, size = fastps.rank(), fastps.size()
     sizes = [1 + (i * 7919) % 40000 for i in range(60)]
     for it in range(3):
