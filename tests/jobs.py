@@ -14,12 +14,30 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fastps.scheduler import Scheduler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
+
+# The data paths a part can take (docs/architecture.md), each laid out with emulated hosts
+# (FASTPS_HOSTNAME per process): path -> f(n workers, k servers) = (FASTPS_SHM, worker
+# hosts, server hosts). Tests parameterised over them run their matrix on every path.
+DATA_PATHS: Dict[str, Callable[[int, int], Tuple[str, List[str], List[str]]]] = {
+    # Every worker and server on one host, shared memory off: every part crosses TCP and
+    # every server sums n copies.
+    "tcp": lambda n, k: ("0", ["h"] * n, ["h"] * k),
+    # One worker per host, servers beside workers: a worker reaches the server on its host
+    # through shared memory, the others over TCP.
+    "shm": lambda n, k: ("1", [f"h{i}" for i in range(n)], [f"h{s % n}" for s in range(k)]),
+    # Everything on one host: the workers sum each part locally first (with one worker,
+    # its pushes reach the servers through shared memory).
+    "local": lambda n, k: ("1", ["h"] * n, ["h"] * k),
+    # One worker per host and the servers on hosts of their own (CPU machines): every push
+    # crosses TCP from another host.
+    "hosts": lambda n, k: ("1", [f"h{i}" for i in range(n)], [f"cpu{s}" for s in range(k)]),
+}
 
 
 @dataclass

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
-from jobs import WORKERS, Job
+from jobs import DATA_PATHS, WORKERS, Job
 
 CORE_WORKER = os.path.join(WORKERS, "core_worker.py")
 FAULT_WORKER = os.path.join(WORKERS, "fault_worker.py")
@@ -23,9 +24,59 @@ def fastpsrun(n: int, k: int, *args: str, partition: str = "64K", timeout: float
     return p
 
 
-@pytest.mark.parametrize("n,k", [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)])
-def test_every_dtype_and_size(n: int, k: int) -> None:
-    fastpsrun(n, k, "matrix", "4")
+LAYOUTS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]
+# The default suite runs every path on three layouts; the rest are marked slow.
+FAST_LAYOUTS = {(1, 1), (2, 2), (4, 2)}
+
+
+def _path_stats(out: str) -> dict:
+    m = re.search(r"STATS (.*)", out)
+    assert m, out
+    return json.loads(m.group(1))
+
+
+def _check_path_taken(path: str, rank: int, n: int, server_hosts: list, me: str,
+                      s: dict) -> None:
+    """Fails unless worker ``rank``'s parts went the way ``path`` says."""
+    pushed = s["pushed_shm"] + s["pushed_socket"]
+    if path == "local" and n > 1:
+        # One host: the local sum is the total, nothing goes to a server.
+        assert s["local_reduce"] and pushed == 0, (path, rank, s)
+        assert s["reduced_locally"] > 0 and s["contributed_shm"] > 0, (path, rank, s)
+        return
+    assert not s["local_reduce"] and s["reduced_locally"] == 0, (path, rank, s)
+    colocated = me in server_hosts
+    if path == "tcp" or not colocated:
+        assert s["pushed_shm"] == 0 and s["pushed_socket"] > 0, (path, rank, s)
+    elif all(h == me for h in server_hosts):
+        assert s["pushed_shm"] > 0 and s["pushed_socket"] == 0, (path, rank, s)
+    else:
+        assert s["pushed_shm"] > 0 and s["pushed_socket"] > 0, (path, rank, s)
+
+
+@pytest.mark.parametrize("path", list(DATA_PATHS))
+@pytest.mark.parametrize(
+    "n,k",
+    [pytest.param(n, k, marks=[] if (n, k) in FAST_LAYOUTS else [pytest.mark.slow])
+     for n, k in LAYOUTS],
+)
+def test_every_dtype_and_size(n: int, k: int, path: str) -> None:
+    run_on_path(path, n, k, "matrix", "2")
+
+
+def run_on_path(path: str, n: int, k: int, *args: str) -> None:
+    """Runs core_worker.py ``args`` with n workers and k servers laid out for ``path``;
+    checks every worker's sums and that its parts took that path."""
+    shm, worker_hosts, server_hosts = DATA_PATHS[path](n, k)
+    env = {"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "64K"}
+    with Job(n, k, [CORE_WORKER, *args], worker_hosts=worker_hosts,
+             server_hosts=server_hosts, env=env) as job:
+        job.wait(180, job.workers())
+        for w in job.workers():
+            assert w.popen.returncode == 0 and f" OK {args[0]}" in w.output, job.dump()
+            _check_path_taken(path, w.index, n, server_hosts, worker_hosts[w.index],
+                              _path_stats(w.output))
+        job.wait(30)
 
 
 def test_one_hundred_iterations_changing_values() -> None:
@@ -36,9 +87,12 @@ def test_thousand_tensors_per_iteration() -> None:
     fastpsrun(2, 2, "many", "5", "1000", partition="4M")
 
 
-@pytest.mark.parametrize("n,k", [(2, 1), (4, 2)])
-def test_async_handles_out_of_order_and_broadcast(n: int, k: int) -> None:
-    fastpsrun(n, k, "order")
+@pytest.mark.parametrize(
+    "n,k,path",
+    [(2, 1, path) for path in DATA_PATHS] + [pytest.param(4, 2, "local", marks=pytest.mark.slow)],
+)
+def test_async_handles_out_of_order_and_broadcast(n: int, k: int, path: str) -> None:
+    run_on_path(path, n, k, "order")
 
 
 @pytest.mark.parametrize("n,k", [(2, 1), (2, 2)])

@@ -6,11 +6,13 @@ each checks the exact expected result against numpy.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 import fastps
 import numpy as np
+from fastps import api
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8",
           "int16", "bool"]
@@ -151,6 +153,7 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"rank {fastps.rank()} OK {mode} in {time.time() - t0:.1f}s", flush=True)
+    print("STATS " + json.dumps(api.data_path_stats()), flush=True)
     fastps.shutdown()
 
 
