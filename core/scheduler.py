@@ -17,6 +17,7 @@ it, so that is reported as the node's death.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hmac
 import logging
 import os
@@ -26,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .config import (
     DEFAULT_HANDSHAKE_TIMEOUT,
@@ -53,13 +54,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class _Declared(NamedTuple):
-    """The first declaration of one version of a tensor, and the rank that made it."""
+@dataclasses.dataclass
+class _Declared:
+    """The first declaration of one version of a tensor, the rank that made it, and the
+    ranks that made the same one since (forgotten once every worker has)."""
 
     shape: List[int]
     dtype: str
     priority: int
     rank: int
+    agreed: Set[int] = dataclasses.field(default_factory=set)
 
 
 def _describe_tensor(dtype: str, shape: List[int]) -> str:
@@ -691,9 +695,16 @@ class Scheduler:
             self._protocol_error(conn, f"invalid declare message for tensor {str(name)[:200]!r}")
             return
         shape = [int(d) for d in shape]
-        known = self._tensors.get((name, version))
+        key = (name, version)
+        known = self._tensors.get(key)
         if known is None:
-            self._tensors[(name, version)] = _Declared(shape, dtype, priority, rank)
+            known = self._tensors[key] = _Declared(shape, dtype, priority, rank)
+        if known.shape == shape and known.dtype == dtype and known.priority == priority:
+            # A tensor whose shape changes every step is declared every step: forget each
+            # version once every worker declared it, so the table stays small.
+            known.agreed.add(rank)
+            if len(known.agreed) >= self.num_workers:
+                del self._tensors[key]
             return
         which = f" (declaration {version + 1} of it)" if version else ""
         if known.shape != shape or known.dtype != dtype:

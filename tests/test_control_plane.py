@@ -570,7 +570,22 @@ def test_declared_priorities_must_agree_version_by_version(
         w1.declare("fc.weight", [10, 3], "float32", 1, 5, 0)
         w1.declare("fc.weight", [10, 3], "float32", 1, 7, 1)
         w2.declare("fc.weight", [10, 3], "float32", 2, 5, 0)
-        time.sleep(0.2)
+        # A tensor whose shape changes every step is declared every step; each version is
+        # forgotten once every worker agreed on it.
+        for v in range(20):
+            for r, w in enumerate((w0, w1, w2)):
+                w.declare("rows", [v + 1], "int64", r, 0, v)
+        def declared() -> set:  # read on the scheduler's thread, which owns the table
+            got: List[set] = []
+            done = threading.Event()
+            sched._call_soon(lambda: (got.append(set(sched._tensors)), done.set()))
+            assert done.wait(5)
+            return got[0]
+
+        deadline = time.monotonic() + 10
+        while declared() != {("fc.weight", 1)} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert declared() == {("fc.weight", 1)}  # only the one w2 has yet to declare
         assert not reasons and sched.abort_reason is None
         # Worker 2's second declaration disagrees on the priority only.
         w2.declare("fc.weight", [10, 3], "float32", 2, 6, 1)
