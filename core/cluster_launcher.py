@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
 from .config import default_advertised_host
@@ -47,7 +47,7 @@ class ClusterLauncher(Launcher):
     def __init__(self, command: Sequence[str], placement: Placement, transport: Transport,
                  network_interface: Optional[str] = None, python: Optional[str] = None,
                  connect_timeout: float = 5.0, local_hosts: Optional[Sequence[str]] = None,
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(command, num_workers=len(placement.workers),
                          num_servers=len(placement.servers), **kwargs)
         self.placement = placement

@@ -67,7 +67,7 @@ class Placement:
 def _ranges(values: Sequence[int]) -> str:
     out: List[str] = []
     start = prev = values[0]
-    for v in list(values[1:]) + [None]:  # type: ignore[list-item]
+    for v in [*values[1:], None]:
         if v is not None and v == prev + 1:
             prev = v
             continue

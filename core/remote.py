@@ -22,7 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import FastPSError
 from .hosts import host_label, split_user
@@ -198,7 +198,9 @@ def _ask(transport: Transport, host: str, python: str, spec: Mapping[str, object
         return None, f"unexpected answer: {lines[-1][:200]!r}"
 
 
-def _parallel(hosts: Sequence[str], fn) -> Dict[str, Tuple[Optional[dict], str]]:
+def _parallel(
+    hosts: Sequence[str], fn: Callable[[str], Tuple[Optional[dict], str]]
+) -> Dict[str, Tuple[Optional[dict], str]]:
     results: Dict[str, Tuple[Optional[dict], str]] = {}
     lock = threading.Lock()
 

@@ -161,6 +161,7 @@ def _run(spec, stdin):
                          f"{spec['argv'][0]!r}: {exc}\n")
         return 127
     threading.Thread(target=watch_stdin, daemon=True).start()
+    assert proc.stdout is not None and proc.stderr is not None  # both are pipes
     copiers = [threading.Thread(target=_copy, args=(proc.stdout.fileno(), 1), daemon=True),
                threading.Thread(target=_copy, args=(proc.stderr.fileno(), 2), daemon=True)]
     for t in copiers:

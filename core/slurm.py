@@ -23,7 +23,9 @@ _COUNT_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 def _split_top(text: str) -> List[str]:
     """Splits on commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: List[str] = []
+    cur: List[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1
