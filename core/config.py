@@ -51,6 +51,7 @@ NETWORK_PARTITION_BYTES = 256 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
+MAX_PARTITION_BYTES = 256 * MiB  # kMaxPartBytes in csrc/transport/wire.h: larger frames are refused
 DEFAULT_CONNS_PER_SERVER = 1
 DEFAULT_ENGINE_THREADS = 2
 DEFAULT_TIMEOUT = 120.0
@@ -351,6 +352,14 @@ class Config:
             raise _bad("FASTPS_SHM", shm_text, "expected 1/0 (true/false, yes/no, on/off)")
         shm = shm_text in ("1", "true", "yes", "on")
 
+        partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
+        if partition_bytes is not None and partition_bytes > MAX_PARTITION_BYTES:
+            raise _bad(
+                "FASTPS_PARTITION_BYTES",
+                str(e.raw("FASTPS_PARTITION_BYTES")),
+                f"at most {MAX_PARTITION_BYTES} bytes (256 MiB) per part",
+            )
+
         level = (e.raw("FASTPS_LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
         if level not in _LOG_LEVELS:
             raise _bad("FASTPS_LOG_LEVEL", e.raw("FASTPS_LOG_LEVEL") or "", f"one of {_LOG_LEVELS}")
@@ -367,7 +376,7 @@ class Config:
             server_port=server_port,
             host=host,
             hostname=hostname,
-            partition_bytes=e.optional_size("FASTPS_PARTITION_BYTES"),
+            partition_bytes=partition_bytes,
             credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),

@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "protocol/frame_check.h"
 #include "transport/handshake.h"
 #include "transport/link.h"
 #include "transport/socket.h"
@@ -122,16 +123,12 @@ std::shared_ptr<Connection> Server::find(Connection* c) {
 }
 
 void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
-  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach) && payload_bytes(h) == 0) return nullptr;
-  if (h.type != static_cast<uint8_t>(MsgType::kPush)) {
-    *why = "unexpected frame type " + std::to_string(h.type);
+  if (!check_server_frame(h, c->peer().rank, opts_.num_workers, why)) {
+    // The connection closes; on_close logs and reports it with the peer's name.
+    *why = "malformed frame (" + *why + ")";
     return nullptr;
   }
-  if (h.dtype >= static_cast<uint8_t>(DType::kCount) || h.sender != c->peer().rank ||
-      h.len % dtype_size(static_cast<DType>(h.dtype)) != 0) {
-    *why = "malformed push header";
-    return nullptr;
-  }
+  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach)) return nullptr;
   if (payload_bytes(h) == 0 && h.len > 0) return nullptr;  // a slot reference
   auto buf = pool_->get(h.len);
   void* dst = buf->data();

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "kernels/sum.h"
+#include "protocol/frame_check.h"
 #include "transport/handshake.h"
 #include "transport/socket.h"
 
@@ -298,6 +299,10 @@ void Worker::send_part(PartTask t) {
 }
 
 void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
+  if (!check_frame_header(h, why)) {  // every field, before anything uses one
+    *why = "malformed frame (" + *why + ")";
+    return nullptr;
+  }
   auto type = static_cast<MsgType>(h.type);
   bool from_peer = local_reduce_ && local_->is_peer(c);
   if (from_peer != (type == MsgType::kLocalPush || type == MsgType::kLocalResult ||
