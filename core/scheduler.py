@@ -39,6 +39,7 @@ log = logging.getLogger("fastps.scheduler")
 PREAUTH_MAX_FRAME = 4096  # an auth message is ~100 bytes; refuse anything large early
 MAX_OUTBUF = 16 << 20  # a node that stops reading is dropped rather than buffered forever
 MAX_UNAUTHENTICATED = 256
+BUSY_MESSAGE = "scheduler busy: too many unauthenticated connections (retry)"
 TICK = 0.2
 LINGER = 2.0  # after our FIN, how long to wait for the peer's before closing hard
 
@@ -315,15 +316,20 @@ class Scheduler:
                 log.warning("accept failed: %s", exc)
                 return
             peer = format_addr(str(addr[0]), int(addr[1]))
-            if self.abort_reason is not None or self._stop_requested:
+            if self._stop_requested:
                 sock.close()
                 continue
-            if sum(1 for c in self._conns if not c.authed) >= MAX_UNAUTHENTICATED:
+            # After an abort, newcomers still authenticate and then hear the abort's reason.
+            waiting = [c for c in self._conns if not c.authed and not c.draining]
+            if len(waiting) >= MAX_UNAUTHENTICATED:
+                # Turn the oldest away, not the newcomer: silent peers cannot lock the door.
+                oldest = min(waiting, key=lambda c: c.accepted_at)
                 log.warning(
-                    "refused connection from %s: too many unauthenticated connections", peer
+                    "refused connection from %s: too many unauthenticated connections",
+                    oldest.peer,
                 )
-                sock.close()
-                continue
+                self._send(oldest, {"type": "busy", "message": BUSY_MESSAGE})
+                self._drain(oldest)
             sock.setblocking(False)
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -27,6 +27,8 @@ struct ServerOptions {
   int io_threads = 1;
   int engine_threads = 1;
   double handshake_timeout_s = 5.0;
+  // Handshakes under way at once; past it the oldest is turned away (busy).
+  int max_pending_handshakes = 64;
 };
 
 class Server : public FrameHandler, public SlotSpace {
@@ -52,6 +54,8 @@ class Server : public FrameHandler, public SlotSpace {
 
  private:
   void accept_loop();
+  // Hands an authenticated socket to an I/O loop.
+  void admit(int fd, const Peer& peer);
   void attach_shm(Connection* c, const FrameHeader& h);
   void broadcast(MsgType type, const FrameHeader& about, const std::string& msg);
   std::shared_ptr<Connection> find(Connection* c);

@@ -11,6 +11,7 @@ namespace fastps {
 constexpr uint32_t kFrameMagic = 0x4D535046;  // "FPSM"
 constexpr uint32_t kHelloMagic = 0x48535046;  // "FPSH"
 constexpr uint32_t kChallengeMagic = 0x43535046;  // "FPSC"
+constexpr uint32_t kBusyMagic = 0x42535046;  // "FPSB": sent instead of a challenge, retry later
 constexpr size_t kNonceBytes = 32;
 // Upper bound on one part (FASTPS_PARTITION_BYTES may not exceed it); a header
 // claiming more is rejected before anything is allocated for it.

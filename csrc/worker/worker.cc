@@ -88,15 +88,9 @@ void Worker::start() {
   for (size_t s = 0; s < opts_.servers.size(); ++s) {
     for (int k = 0; k < opts_.conns_per_server; ++k) {
       std::string desc = "server " + std::to_string(s) + " at " + opts_.servers[s];
-      int fd = tcp_connect(opts_.servers[s], opts_.connect_timeout_s,
-                           static_cast<int>(opts_.notsent_lowat));
-      try {
-        connect_handshake(fd, opts_.job_id, opts_.token, opts_.rank, static_cast<uint32_t>(k),
-                          opts_.connect_timeout_s, desc);
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
+      int fd = connect_authenticated(opts_.servers[s], opts_.job_id, opts_.token, opts_.rank,
+                                     static_cast<uint32_t>(k), opts_.connect_timeout_s,
+                                     static_cast<int>(opts_.notsent_lowat), desc);
       if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0)
         set_pacing_rate(fd, opts_.pacing_bytes_per_s[s] / opts_.conns_per_server);
       Peer p;
