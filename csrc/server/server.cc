@@ -192,7 +192,8 @@ void Server::attach_shm(Connection* c, const FrameHeader& h) {
   // from the frame, so a worker can only hand over its own segment.
   std::string name = shm_segment_name(opts_.job_id, c->peer().rank);
   try {
-    auto seg = ShmSegment::open(name);
+    // The worker announced its segment's nonce in shm_offset.
+    auto seg = ShmSegment::open(name, h.shm_offset);
     std::lock_guard<std::mutex> lock(mu_);
     shm_[c->peer().rank] = std::move(seg);
   } catch (const std::exception& e) {

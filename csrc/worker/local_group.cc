@@ -34,6 +34,7 @@ LocalGroup::~LocalGroup() {
 }
 
 void LocalGroup::open() {
+  claim_ = std::make_unique<JobClaim>(opts_.job_id, opts_.rank);
   own_ = ShmSegment::create(shm_segment_name(opts_.job_id, opts_.rank), opts_.shm_bytes);
   arena_ = std::make_unique<ShmArena>(own_);
   if (size() > 1) listen_fd_ = unix_listen(socket_name(opts_.job_id, opts_.rank));
@@ -46,10 +47,17 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     return std::max(
         0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
   };
-  // After the handshake each side maps the other's segment and says so with
-  // one byte, so both know their segment is reachable before any part moves.
+  // After the handshake each side announces its segment's nonce, maps the
+  // other's segment (checking the nonce: it is this run's, not a namesake's)
+  // and says so with one byte, so both know their segment is reachable before
+  // any part moves.
   auto finish = [&](int fd, uint32_t peer) {
-    auto seg = ShmSegment::open(shm_segment_name(opts_.job_id, peer));
+    uint64_t mine = own_->nonce(), nonce = 0;
+    if (!write_full(fd, &mine, sizeof(mine), left()) ||
+        !read_full(fd, &nonce, sizeof(nonce), left()))
+      throw std::runtime_error("local worker " + std::to_string(peer) +
+                               " did not announce its shared memory");
+    auto seg = ShmSegment::open(shm_segment_name(opts_.job_id, peer), nonce);
     uint8_t mapped = 1, theirs = 0;
     if (!write_full(fd, &mapped, 1, left()) || !read_full(fd, &theirs, 1, left()) || theirs != 1)
       throw std::runtime_error("local worker " + std::to_string(peer) +
@@ -119,6 +127,7 @@ void LocalGroup::unlink_own() {
 }
 
 void LocalGroup::unlink_all() {
+  if (!claim_) return;  // never ours: the names may be another job's
   for (uint32_t r : opts_.local_ranks) ShmSegment::unlink(shm_segment_name(opts_.job_id, r));
   own_unlinked_ = true;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
+#include "transport/job_claim.h"
 #include "transport/link.h"
 #include "transport/payload.h"
 #include "transport/shm.h"
@@ -50,6 +51,10 @@ class LocalGroup : public SlotSpace {
   uint32_t owner(uint64_t tensor, uint32_t part) const;
   // The link to a local peer (it maps this worker's segment, and this worker its).
   const Link& peer(uint32_t rank) const;
+  // False for a peer whose connection was never set up (start-up failed first).
+  bool connected(uint32_t rank) const { return peers_.count(rank) != 0; }
+  // Nonce of this worker's own segment (valid after open()).
+  uint64_t segment_nonce() const { return own_ ? own_->nonce() : 0; }
   bool is_peer(const Connection* c) const;
 
   // A slot of len bytes in this worker's segment holding one reference, else
@@ -63,6 +68,7 @@ class LocalGroup : public SlotSpace {
 
   LocalGroupOptions opts_;
   int listen_fd_ = -1;
+  std::unique_ptr<JobClaim> claim_;  // this job id and rank are ours on this host
   std::shared_ptr<ShmSegment> own_;
   std::unique_ptr<ShmArena> arena_;
   bool own_unlinked_ = false;

@@ -124,6 +124,7 @@ void Worker::attach_local_servers() {
     h.type = static_cast<uint8_t>(MsgType::kShmAttach);
     h.sender = opts_.rank;
     h.shm_segment = opts_.rank;
+    h.shm_offset = local_->segment_nonce();  // the server checks it mapped this run's segment
     if (links_[s][0].send(h)) ++asked;
   }
   std::unique_lock<std::mutex> lock(attach_mu_);
@@ -426,7 +427,7 @@ void Worker::shutdown() {
     for (auto& l : per_server) l.send(bye);
   if (local_reduce_)
     for (uint32_t r : local_->ranks())
-      if (r != opts_.rank) local_->peer(r).send(bye);
+      if (r != opts_.rank && local_->connected(r)) local_->peer(r).send(bye);
   // Give the byes a moment to leave before the sockets close.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (auto& per_server : links_)

@@ -1,4 +1,5 @@
-"""Worker program for the start-up tests: init, one checked push_pull, exit.
+"""Worker program for the start-up tests: init, one checked push_pull, exit (after
+holding on for argv[1] seconds, if given; argv[2]: seconds to wait before init).
 
 Prints "INIT-SECONDS <s>" once fastps.init() returned and "SUM-OK" once the sum was right;
 on a fastps error prints "ERROR-SEEN <seconds since start> <message>" and exits 17.
@@ -14,6 +15,8 @@ import numpy as np
 
 
 def main() -> None:
+    if len(sys.argv) > 2:
+        time.sleep(float(sys.argv[2]))
     t0 = time.monotonic()
     try:
         fastps.init()
@@ -26,6 +29,8 @@ def main() -> None:
             print(f"WRONG-SUM got {out[:4]} want {want}", flush=True)
             sys.exit(3)
         print("SUM-OK", flush=True)
+        if len(sys.argv) > 1:
+            time.sleep(float(sys.argv[1]))
         fastps.shutdown()
     except fastps.FastPSError as exc:
         print(f"ERROR-SEEN {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
