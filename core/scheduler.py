@@ -41,6 +41,7 @@ MAX_OUTBUF = 16 << 20  # a node that stops reading is dropped rather than buffer
 MAX_UNAUTHENTICATED = 256
 BUSY_MESSAGE = "scheduler busy: too many unauthenticated connections (retry)"
 TICK = 0.2
+LATE_ARRIVALS = 2.0  # after an abort during registration, how long late nodes can hear it
 LINGER = 2.0  # after our FIN, how long to wait for the peer's before closing hard
 
 
@@ -140,6 +141,9 @@ class Scheduler:
         self._stop_requested = False
         self.abort_reason: Optional[str] = None
         self._abort_at = 0.0
+        # Called (on the scheduler's thread) with the reason when the job aborts; a launcher
+        # sets it to report the root cause itself, first and once.
+        self.on_abort: Optional[Callable[[str], None]] = None
 
     # ------------------------------------------------------------ public API
     @property
@@ -283,8 +287,13 @@ class Scheduler:
         if self._stop_requested:
             return True
         if self.abort_reason is not None:
+            since = now - self._abort_at
+            if since > self.grace:
+                return True
+            # Before the membership was complete, nodes may still be on their way: they must
+            # hear the abort's reason, not find nobody listening.
             live = [c for c in self._conns if c.authed]
-            return not live or now - self._abort_at > self.grace
+            return not live and (self._membership_sent or since > LATE_ARRIVALS)
         total = self.num_workers + self.num_servers
         if self._membership_sent and len(self._left) == total:
             return not any(c.role is not None for c in self._conns)
@@ -698,7 +707,13 @@ class Scheduler:
             return
         self.abort_reason = reason
         self._abort_at = time.monotonic()
-        log.error("aborting job %s: %s", self.job_id, reason)
+        hook = self.on_abort
+        log.log(logging.INFO if hook else logging.ERROR, "aborting job %s: %s", self.job_id, reason)
+        if hook is not None:
+            try:
+                hook(reason)
+            except Exception:
+                log.exception("abort hook failed")
         for conn in list(self._conns):
             if conn.authed and not conn.closed:
                 self._send(conn, {"type": "abort", "reason": reason})

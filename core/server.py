@@ -134,7 +134,9 @@ def _serve(srv: Any, client: ControlClient, wake: threading.Event, state: dict, 
         wake.clear()
         reason = client.abort_reason
         if reason is not None:
-            log.error("%s: job aborted: %s", me, reason)
+            # Under fastpsrun the launcher reports the reason, once; don't repeat it.
+            level = logging.INFO if os.environ.get("FASTPS_LAUNCHER") else logging.ERROR
+            log.log(level, "%s: job aborted: %s", me, reason)
             return 1
         if client.shutdown_received:
             log.info("%s: shutdown", me)

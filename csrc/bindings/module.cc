@@ -150,7 +150,8 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &Worker::wait, py::arg("handle"), py::arg("timeout_s"),
            py::call_guard<py::gil_scoped_release>())
       .def("release", &Worker::release)
-      .def("abort", &Worker::abort, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &Worker::abort, py::arg("reason"), py::arg("quiet") = false,
+           py::call_guard<py::gil_scoped_release>())
       .def("error", &Worker::error)
       .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
            py::arg("elem_size"))

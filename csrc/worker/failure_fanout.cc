@@ -5,13 +5,16 @@
 
 namespace fastps {
 
-void FailureFanout::abort(const std::string& reason) {
+void FailureFanout::abort(const std::string& reason, bool quiet) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty()) return;
     error_ = reason;
   }
-  LOG_WARN("worker " << rank_ << " aborting: " << reason);
+  if (quiet)
+    LOG_INFO("worker " << rank_ << " aborting: " << reason);
+  else
+    LOG_WARN("worker " << rank_ << " aborting: " << reason);
   for (auto& t : parts_->take_all()) handles_->fail(t.handle, reason);
   for (auto& h : handles_->all()) handles_->fail(h, reason);
 }

@@ -26,7 +26,9 @@ class FailureFanout {
   // The local stage, when there is one: it forgets the tensor's half-reduced parts.
   void set_reducer(LocalReducer* r) { reducer_ = r; }
 
-  void abort(const std::string& reason);
+  // quiet: the reason was reported elsewhere already (the scheduler's abort): log it
+  // at info level only, so the root cause is not repeated by every worker.
+  void abort(const std::string& reason, bool quiet = false);
   // tell_peers: this worker found the failure, so the local peers must hear of it.
   void fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers);
   // "" while healthy; else the abort reason.

@@ -381,7 +381,15 @@ void Worker::on_close(Connection* c, bool clean, const std::string& reason) {
   abort("lost connection to " + c->desc() + ": " + reason);
 }
 
-void Worker::abort(const std::string& reason) { failures_.abort(reason); }
+void Worker::abort(const std::string& reason, bool quiet) {
+  failures_.abort(reason, quiet);
+  {
+    // start() may be waiting for colocated servers; taking the lock first means it is
+    // either before its predicate check or already asleep, so the wakeup is not lost.
+    std::lock_guard<std::mutex> lock(attach_mu_);
+  }
+  attach_cv_.notify_all();
+}
 
 std::string Worker::error() const { return failures_.error(); }
 

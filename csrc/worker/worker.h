@@ -94,7 +94,9 @@ class Worker : public FrameHandler {
   void wait(int64_t handle, double timeout_s);
   void release(int64_t handle);
   // Fails every pending and future operation with this reason.
-  void abort(const std::string& reason);
+  // quiet: the reason was already reported elsewhere (the scheduler's abort); log it
+  // at info level only, so the root cause is not repeated by every worker.
+  void abort(const std::string& reason, bool quiet = false);
   std::string error() const;
   void shutdown();
   using Stats = WorkerStats;
