@@ -95,11 +95,30 @@ void refuse_busy(int fd) {
 
 int connect_authenticated(const std::string& addr, const std::string& job_id,
                           const std::string& token, uint32_t rank, uint32_t conn_index,
-                          double timeout_s, int notsent_lowat, const std::string& server_desc) {
+                          double timeout_s, int notsent_lowat, const std::string& server_desc,
+                          const std::function<std::string()>& cancelled) {
   double deadline = now_s() + timeout_s;
   double backoff = 0.01;
+  auto check = [&] {
+    std::string why = cancelled ? cancelled() : std::string();
+    if (!why.empty()) throw std::runtime_error(why);
+  };
   while (true) {
-    int fd = tcp_connect(addr, std::max(0.001, deadline - now_s()), notsent_lowat);
+    // Connect in short slices, so an abort is noticed while the server is not up (yet).
+    int fd = -1;
+    std::string last;
+    while (fd < 0) {
+      check();
+      double left = deadline - now_s();
+      if (left <= 0)
+        throw std::runtime_error("cannot connect to " + server_desc + " within " +
+                                 std::to_string(timeout_s) + " s: " + last);
+      try {
+        fd = tcp_connect(addr, std::min(left, 0.25), notsent_lowat);
+      } catch (const std::runtime_error& e) {
+        last = e.what();
+      }
+    }
     try {
       connect_handshake(fd, job_id, token, rank, conn_index, std::max(0.001, deadline - now_s()),
                         server_desc);

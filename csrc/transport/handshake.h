@@ -3,6 +3,7 @@
 // HMAC(token, nonce || job_id || rank).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -31,9 +32,12 @@ struct HandshakeBusy : std::runtime_error {
 
 // tcp_connect + connect_handshake, reconnecting after a load refusal (HandshakeBusy)
 // until timeout_s. Returns the authenticated socket; throws std::runtime_error.
+// cancelled (optional) is polled while retrying: a non-empty answer (the job
+// aborted) is thrown at once instead of waiting out the timeout.
 int connect_authenticated(const std::string& addr, const std::string& job_id,
                           const std::string& token, uint32_t rank, uint32_t conn_index,
-                          double timeout_s, int notsent_lowat, const std::string& server_desc);
+                          double timeout_s, int notsent_lowat, const std::string& server_desc,
+                          const std::function<std::string()>& cancelled = nullptr);
 
 // Server side, non-blocking: one per accepted socket, driven by the caller's poll
 // loop, so any number of silent or slow peers cannot delay the others.

@@ -69,9 +69,21 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     peers_[peer] = Link(c, true);
     out.push_back(c);
   };
+  auto check = [&] {
+    std::string why = opts_.cancelled ? opts_.cancelled() : std::string();
+    if (!why.empty()) throw std::runtime_error(why);
+  };
   for (uint32_t r : opts_.local_ranks) {
     if (r >= opts_.rank) break;
-    int fd = unix_connect(socket_name(opts_.job_id, r), left());
+    int fd = -1;
+    while (fd < 0) {  // in short slices, watching for an abort
+      check();
+      try {
+        fd = unix_connect(socket_name(opts_.job_id, r), std::min(left(), 0.2));
+      } catch (const std::runtime_error&) {
+        if (left() <= 0) throw;
+      }
+    }
     try {
       connect_handshake(fd, opts_.job_id, opts_.token, opts_.rank, 0, left(),
                         "local worker " + std::to_string(r));
@@ -85,8 +97,9 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
       opts_.local_ranks.end() -
       std::upper_bound(opts_.local_ranks.begin(), opts_.local_ranks.end(), opts_.rank));
   while (higher > 0) {
+    check();
     pollfd p{listen_fd_, POLLIN, 0};
-    int ms = static_cast<int>(left() * 1000);
+    int ms = static_cast<int>(std::min(left(), 0.2) * 1000);
     if (ms <= 0 || ::poll(&p, 1, ms) <= 0) {
       if (left() > 0) continue;
       throw std::runtime_error("worker " + std::to_string(opts_.rank) + ": " +

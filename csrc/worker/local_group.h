@@ -27,6 +27,8 @@ struct LocalGroupOptions {
   std::vector<uint32_t> local_ranks;  // every worker on this host, this one included, sorted
   size_t shm_bytes = 256u << 20;
   double timeout_s = 60.0;
+  // Polled while waiting for peers: a non-empty answer (the job aborted) ends the wait.
+  std::function<std::string()> cancelled;
 };
 
 class LocalGroup : public SlotSpace {

@@ -61,6 +61,7 @@ Worker::Worker(WorkerOptions opts)
     lo.local_ranks = local_reduce_ ? opts_.local_ranks : std::vector<uint32_t>{opts_.rank};
     lo.shm_bytes = opts_.shm_bytes;
     lo.timeout_s = opts_.connect_timeout_s;
+    lo.cancelled = [this] { return error(); };
     local_ = std::make_unique<LocalGroup>(lo);
     LocalReducer::Context ctx;
     ctx.rank = opts_.rank;
@@ -81,6 +82,7 @@ Worker::Worker(WorkerOptions opts)
 Worker::~Worker() { shutdown(); }
 
 void Worker::start() {
+  if (!error().empty()) throw std::runtime_error(error());  // aborted before it started
   loop_ = std::make_unique<EventLoop>("worker-io");
   links_.resize(opts_.servers.size());
   // The segment exists before anyone can ask to map it.
@@ -90,7 +92,8 @@ void Worker::start() {
       std::string desc = "server " + std::to_string(s) + " at " + opts_.servers[s];
       int fd = connect_authenticated(opts_.servers[s], opts_.job_id, opts_.token, opts_.rank,
                                      static_cast<uint32_t>(k), opts_.connect_timeout_s,
-                                     static_cast<int>(opts_.notsent_lowat), desc);
+                                     static_cast<int>(opts_.notsent_lowat), desc,
+                                     [this] { return error(); });
       if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0)
         set_pacing_rate(fd, opts_.pacing_bytes_per_s[s] / opts_.conns_per_server);
       Peer p;
