@@ -660,6 +660,10 @@ class Scheduler:
                 self._send(worker, {"type": "barrier_done", "name": name})
 
     def _declare(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        if conn.role != "worker":
+            # Only a member's tensors count: anyone else could abort the job by declaring.
+            self._protocol_error(conn, "declare message from a connection that is not a worker")
+            return
         name, shape, dtype = msg.get("name"), msg.get("shape"), msg.get("dtype")
         rank = msg.get("rank", conn.node_id)
         if (

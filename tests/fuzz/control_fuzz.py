@@ -268,6 +268,9 @@ class ControlFuzzer:
                     self.member_case()
                 else:
                     self.outsider_case(sched)
+                    if sched.abort_reason is not None:
+                        raise AssertionError(f"case {done}: an outsider aborted the job: "
+                                             f"{sched.abort_reason}")
                 if done % per_job == 0:
                     self.legit_job(sched)
                     sched = self.new_scheduler()
