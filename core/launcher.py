@@ -559,6 +559,7 @@ def cli(
         launcher = cluster_launcher_from_cli(
             command, num_workers, num_servers, multihost,
             timeout=timeout, job_id=job_id, partition_bytes=partition_bytes,
+            finish_timeout=finish_timeout,
         ) or Launcher(
             command,
             num_workers=num_workers,

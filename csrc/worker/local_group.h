@@ -5,6 +5,7 @@
 // reduce protocol that runs over this group lives in worker/local_reducer.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>

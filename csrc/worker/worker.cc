@@ -128,7 +128,8 @@ void Worker::attach_local_servers() {
     h.sender = opts_.rank;
     h.shm_segment = opts_.rank;
     h.shm_offset = local_->segment_nonce();  // the server checks it mapped this run's segment
-    if (links_[s][0].send(h)) ++asked;
+    // Straight on the connection: Link::send would clear shm_offset (no slot payload here).
+    if (links_[s][0].connection()->send(h, nullptr, 0)) ++asked;
   }
   std::unique_lock<std::mutex> lock(attach_mu_);
   bool ok = attach_cv_.wait_for(lock, std::chrono::duration<double>(opts_.connect_timeout_s),
