@@ -39,6 +39,7 @@ class ServerOptions:
     io_threads: int
     engine_threads: int
     handshake_timeout_s: float
+    max_pending_handshakes: int
     def __init__(self) -> None: ...
 
 class Server:

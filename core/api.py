@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -128,15 +129,26 @@ def init(config: Optional[Config] = None) -> None:
         )
         try:
             worker = core.Worker(opts)
+            if client is not None:
+                # Before start(): an abort while connecting (a peer died) must end the wait.
+                # The scheduler reports the reason itself, so the worker logs it quietly.
+                client.on_abort(lambda reason: worker.abort(reason, True))
             worker.start()
         except (RuntimeError, ValueError) as exc:
             if client is not None:
-                client.send_abort(f"worker {cfg.rank} could not connect to the servers: {exc}")
+                # A peer that died shows here as a lost connection; the scheduler's abort,
+                # naming the process by pid and host, is usually a moment behind.
+                deadline = time.monotonic() + 1.0
+                while client.abort_reason is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                reason = client.abort_reason
+                if reason is None:
+                    client.send_abort(f"worker {cfg.rank} could not start: {exc}")
                 client.close()
+                if reason is not None:
+                    raise FastPSAbort(reason) from None
             kind = FastPSTimeoutError if isinstance(exc, FastPSTimeoutError) else FastPSError
             raise kind(f"worker {cfg.rank}: {exc}") from None
-        if client is not None:
-            client.on_abort(worker.abort)
         _state = _State(cfg, client, membership, worker)
         atexit.register(shutdown)
         _install_excepthook()
@@ -186,11 +198,23 @@ def _locality(membership: Membership, rank: int) -> Tuple[List[int], List[bool],
     return local_ranks, local_servers, num_hosts
 
 
+# The plugins' sources (fastps.torch, ...): frames there are fastps's, not the user's.
+_PLUGINS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins")
+
+
 def _install_excepthook() -> None:
     previous = sys.excepthook
 
     def hook(tp: Any, value: Any, tb: Any) -> None:
         st = _state
+        if isinstance(value, FastPSAbort) and os.environ.get("FASTPS_LAUNCHER"):
+            # Another process's failure, which fastpsrun reports once: say only where it hit.
+            ours = (os.path.dirname(os.path.abspath(__file__)), _PLUGINS_DIR)
+            frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(ours)]
+            at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+            rank_text = f"worker {st.cfg.rank}" if st is not None else "this worker"
+            sys.stderr.write(f"fastps: {rank_text} stopped{at}: the job was aborted\n")
+            return
         if st is not None and st.failed is None:
             st.failed = f"worker {st.cfg.rank} raised {tp.__name__}: {value}"
         previous(tp, value, tb)

@@ -51,11 +51,15 @@ NETWORK_PARTITION_BYTES = 256 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
+MAX_PARTITION_BYTES = 256 * MiB  # kMaxPartBytes in csrc/transport/wire.h: larger frames are refused
 DEFAULT_CONNS_PER_SERVER = 1
 DEFAULT_ENGINE_THREADS = 2  # summing threads per server
 DEFAULT_IO_THREADS = 1  # network threads per server
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # for a new connection to authenticate (servers, scheduler)
+# Handshakes a server runs side by side; past it the oldest is turned away as busy (and the
+# worker retries), so no number of silent peers delays a legitimate one (docs/hardening.md).
+DEFAULT_MAX_PENDING_HANDSHAKES = 64
 DEFAULT_OP_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0
@@ -283,6 +287,7 @@ class Config:
     io_threads: int = DEFAULT_IO_THREADS
     timeout: float = DEFAULT_TIMEOUT
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
     op_timeout: float = DEFAULT_OP_TIMEOUT
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
@@ -356,6 +361,14 @@ class Config:
             raise _bad("FASTPS_SHM", shm_text, "expected 1/0 (true/false, yes/no, on/off)")
         shm = shm_text in ("1", "true", "yes", "on")
 
+        partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
+        if partition_bytes is not None and partition_bytes > MAX_PARTITION_BYTES:
+            raise _bad(
+                "FASTPS_PARTITION_BYTES",
+                str(e.raw("FASTPS_PARTITION_BYTES")),
+                f"at most {MAX_PARTITION_BYTES} bytes (256 MiB) per part",
+            )
+
         level = (e.raw("FASTPS_LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
         if level not in _LOG_LEVELS:
             raise _bad("FASTPS_LOG_LEVEL", e.raw("FASTPS_LOG_LEVEL") or "", f"one of {_LOG_LEVELS}")
@@ -372,7 +385,7 @@ class Config:
             server_port=server_port,
             host=host,
             hostname=hostname,
-            partition_bytes=e.optional_size("FASTPS_PARTITION_BYTES"),
+            partition_bytes=partition_bytes,
             credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),

@@ -50,6 +50,10 @@ HEADER = struct.Struct(">I")
 AUTH_STEP_TIMEOUT = 10.0
 
 
+class _Busy(FastPSError):
+    """The scheduler turned this connection away for load; connecting again may work."""
+
+
 class FrameError(FastPSError):
     """A frame violated the wire format (too big, not UTF-8 JSON, not an object, no type)."""
 
@@ -275,6 +279,8 @@ class ControlClient:
             return pending.pop(0)
 
         challenge = recv_one("authentication")
+        if challenge["type"] == "busy":
+            raise _Busy(str(challenge.get("message", "scheduler busy")))
         nonce_hex = challenge.get("nonce")
         if challenge["type"] != "challenge" or not isinstance(nonce_hex, str):
             raise FastPSError(f"unexpected first message from scheduler: {challenge['type']!r}")
@@ -286,6 +292,8 @@ class ControlClient:
             encode_frame({"type": "auth", "mac": compute_mac(self._token, nonce, self.job_id)})
         )
         reply = recv_one("authentication")
+        if reply["type"] == "busy":
+            raise _Busy(str(reply.get("message", "scheduler busy")))
         if reply["type"] != "auth_ok":
             raise FastPSError(f"scheduler refused authentication: {reply.get('message', reply)}")
         self._decoder = decoder
@@ -317,12 +325,25 @@ class ControlClient:
                 raise FastPSError("ControlClient.register may be called once, before close()")
             self._registered = True
         start = time.monotonic()
-        sock = self._connect(start + self.timeout)
-        try:
-            self._authenticate(sock)
-        except BaseException:
-            sock.close()
-            raise
+        delay = 0.02
+        while True:
+            sock = self._connect(start + self.timeout)
+            try:
+                self._authenticate(sock)
+                break
+            except _Busy as exc:
+                sock.close()
+                if time.monotonic() + delay > start + self.timeout:
+                    raise FastPSTimeoutError(
+                        f"scheduler at {self._addr_text} stayed busy for {self.timeout:g} s "
+                        f"(FASTPS_TIMEOUT): {exc}"
+                    ) from None
+                log.info("scheduler at %s is busy, retrying: %s", self._addr_text, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except BaseException:
+                sock.close()
+                raise
         sock.settimeout(0.5)  # receiver loop wakes to notice close(); sends share it
         self._sock = sock
         self._last_recv = time.monotonic()

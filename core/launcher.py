@@ -34,6 +34,7 @@ from .scheduler import Scheduler
 __all__ = ["main", "Launcher", "describe_exit"]
 
 KILL_GRACE = 5.0  # SIGTERM → SIGKILL
+STILL_RUNNING_EVERY = 30.0  # how often to name the workers still running after one finished
 POLL = 0.05
 SERVER_EXIT_WAIT = 30.0  # how long servers get to leave after every worker finished
 SHM_DIR = "/dev/shm"
@@ -190,6 +191,8 @@ class Launcher:
         partition_bytes: Optional[int] = None,
         host_addr: str = "127.0.0.1",
         env: Optional[Dict[str, str]] = None,
+        finish_timeout: Optional[float] = None,
+        report_every: float = STILL_RUNNING_EVERY,
     ) -> None:
         if num_workers < 1:
             raise FastPSError(f"-np must be >= 1, got {num_workers}")
@@ -209,6 +212,12 @@ class Launcher:
         if not self.timeout > 0:
             raise FastPSError(f"--timeout must be > 0, got {timeout}")
         self.partition_bytes = partition_bytes
+        if finish_timeout is not None and not finish_timeout > 0:
+            raise FastPSError(f"--finish-timeout must be > 0, got {finish_timeout}")
+        self.finish_timeout = finish_timeout
+        self.report_every = report_every
+        self._abort_announced: Optional[str] = None
+        self._announce_lock = threading.Lock()
         self.scheduler: Optional[Scheduler] = None
         self.children: List[_Child] = []
         self._signal: Optional[int] = None
@@ -243,6 +252,7 @@ class Launcher:
             FASTPS_NUM_SERVERS=str(self.num_servers),
             FASTPS_HOST=self.host_addr,
             FASTPS_TIMEOUT=f"{self.timeout:g}",
+            FASTPS_LAUNCHER="fastpsrun",  # fastpsrun reports an abort's reason: don't repeat it
         )
         if self.partition_bytes is not None:
             env["FASTPS_PARTITION_BYTES"] = str(self.partition_bytes)
@@ -290,6 +300,7 @@ class Launcher:
             auth_timeout=self.config.handshake_timeout,
         )
         self.scheduler = scheduler
+        scheduler.on_abort = self._announce_abort
         scheduler.start()
         addr = scheduler.address_text
         for sid in range(self.num_servers):
@@ -321,19 +332,41 @@ class Launcher:
                 return child
         return None
 
+    def _announce_abort(self, reason: str) -> bool:
+        """Prints the job's root cause, once; True if this call printed it."""
+        with self._announce_lock:
+            if self._abort_announced is not None:
+                return False
+            self._abort_announced = reason
+        say(f"job aborted: {reason}")
+        return True
+
     def _fail(self, child: _Child) -> int:
         rc = child.proc.returncode
         what = f"{child.label} (pid {child.pid}) {describe_exit(rc)}"
-        say(what)
         sched = self.scheduler
-        if sched is not None:
-            reason = sched.abort_reason
-            if reason is not None:
-                say(f"job aborted: {reason}")
-            else:
-                sched.abort(what)
+        announced = self._abort_announced
+        if announced is not None:
+            # Printed after the root cause; a process the cause does not name is only a
+            # consequence of it.
+            say(what if f"{child.label} (" in announced else f"{what} after the abort")
+        else:
+            say(what)
+            if sched is not None:
+                if sched.abort_reason is not None:
+                    self._announce_abort(sched.abort_reason)
+                else:
+                    sched.abort(what)
         self._terminate_all()
         return _exit_status(rc)
+
+    def _still_running(self, workers: List[_Child], first_done: _Child, since: float) -> str:
+        running = [c for c in workers if c.proc.poll() is None]
+        names = ", ".join(f"{c.label} (pid {c.pid})" for c in running)
+        return (
+            f"{names} still running {time.monotonic() - since:.0f} s after "
+            f"{first_done.label} finished"
+        )
 
     def _interrupted(self) -> int:
         signum = self._signal or signal.SIGINT
@@ -347,6 +380,8 @@ class Launcher:
     def _monitor(self) -> int:
         workers = [c for c in self.children if c.role == "worker"]
         servers = [c for c in self.children if c.role == "server"]
+        first_done: Optional[_Child] = None
+        done_at = next_report = 0.0
         while True:
             if self._signalled():
                 return self._interrupted()
@@ -355,6 +390,24 @@ class Launcher:
                 return self._fail(failed)
             if all(c.proc.poll() == 0 for c in workers):
                 break
+            now = time.monotonic()
+            if first_done is None:
+                first_done = next((c for c in workers if c.proc.poll() == 0), None)
+                done_at = now
+                next_report = now + self.report_every
+            elif self.finish_timeout is not None and now - done_at > self.finish_timeout:
+                say(
+                    f"{self._still_running(workers, first_done, done_at)}: stopping the job "
+                    f"(--finish-timeout {self.finish_timeout:g} s)"
+                )
+                if self.scheduler is not None:
+                    self._abort_announced = "finish timeout"
+                    self.scheduler.abort("fastpsrun: --finish-timeout expired")
+                self._terminate_all()
+                return 1
+            elif now >= next_report:
+                say(self._still_running(workers, first_done, done_at))
+                next_report = now + self.report_every
             time.sleep(POLL)
         # Every worker finished: servers leave once the scheduler tells them to.
         if self.scheduler is not None:
@@ -468,6 +521,13 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
 )
 @click.option("--job-id", default=None, help="Job id [default: random].")
 @click.option(
+    "--finish-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop the job if a worker is still running this many seconds after another "
+    "finished [default: wait; the workers still running are named every 30 s].",
+)
+@click.option(
     "--partition-bytes",
     callback=_size,
     default=None,
@@ -486,6 +546,7 @@ def cli(
     num_servers: Optional[int],
     timeout: Optional[float],
     job_id: Optional[str],
+    finish_timeout: Optional[float],
     partition_bytes: Optional[int],
     host_addr: str,
     command: Sequence[str],
@@ -503,6 +564,7 @@ def cli(
         launcher = cluster_launcher_from_cli(
             command, num_workers, num_servers, multihost,
             timeout=timeout, job_id=job_id, partition_bytes=partition_bytes,
+            finish_timeout=finish_timeout,
         ) or Launcher(
             command,
             num_workers=num_workers,
@@ -511,6 +573,7 @@ def cli(
             job_id=job_id,
             partition_bytes=partition_bytes,
             host_addr=host_addr,
+            finish_timeout=finish_timeout,
         )
         logger.setLevel(launcher.config.log_level)
     except FastPSError as exc:

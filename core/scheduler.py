@@ -46,7 +46,9 @@ log = logging.getLogger("fastps.scheduler")
 PREAUTH_MAX_FRAME = 4096  # an auth message is ~100 bytes; refuse anything large early
 MAX_OUTBUF = 16 << 20  # a node that stops reading is dropped rather than buffered forever
 MAX_UNAUTHENTICATED = 256
+BUSY_MESSAGE = "scheduler busy: too many unauthenticated connections (retry)"
 TICK = 0.2
+LATE_ARRIVALS = 2.0  # after an abort during registration, how long late nodes can hear it
 LINGER = 2.0  # after our FIN, how long to wait for the peer's before closing hard
 
 
@@ -158,6 +160,9 @@ class Scheduler:
         self._stop_requested = False
         self.abort_reason: Optional[str] = None
         self._abort_at = 0.0
+        # Called (on the scheduler's thread) with the reason when the job aborts; a launcher
+        # sets it to report the root cause itself, first and once.
+        self.on_abort: Optional[Callable[[str], None]] = None
 
     # ------------------------------------------------------------ public API
     @property
@@ -301,8 +306,13 @@ class Scheduler:
         if self._stop_requested:
             return True
         if self.abort_reason is not None:
+            since = now - self._abort_at
+            if since > self.grace:
+                return True
+            # Before the membership was complete, nodes may still be on their way: they must
+            # hear the abort's reason, not find nobody listening.
             live = [c for c in self._conns if c.authed]
-            return not live or now - self._abort_at > self.grace
+            return not live and (self._membership_sent or since > LATE_ARRIVALS)
         total = self.num_workers + self.num_servers
         if self._membership_sent and len(self._left) == total:
             return not any(c.role is not None for c in self._conns)
@@ -334,15 +344,20 @@ class Scheduler:
                 log.warning("accept failed: %s", exc)
                 return
             peer = format_addr(str(addr[0]), int(addr[1]))
-            if self.abort_reason is not None or self._stop_requested:
+            if self._stop_requested:
                 sock.close()
                 continue
-            if sum(1 for c in self._conns if not c.authed) >= MAX_UNAUTHENTICATED:
+            # After an abort, newcomers still authenticate and then hear the abort's reason.
+            waiting = [c for c in self._conns if not c.authed and not c.draining]
+            if len(waiting) >= MAX_UNAUTHENTICATED:
+                # Turn the oldest away, not the newcomer: silent peers cannot lock the door.
+                oldest = min(waiting, key=lambda c: c.accepted_at)
                 log.warning(
-                    "refused connection from %s: too many unauthenticated connections", peer
+                    "refused connection from %s: too many unauthenticated connections",
+                    oldest.peer,
                 )
-                sock.close()
-                continue
+                self._send(oldest, {"type": "busy", "message": BUSY_MESSAGE})
+                self._drain(oldest)
             sock.setblocking(False)
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -676,6 +691,10 @@ class Scheduler:
         The priority must agree because the push window's deadlock freedom rests on every
         worker ordering the parts alike (docs/architecture.md).
         """
+        if conn.role != "worker":
+            # Only a member's tensors count: anyone else could abort the job by declaring.
+            self._protocol_error(conn, "declare message from a connection that is not a worker")
+            return
         name, shape, dtype = msg.get("name"), msg.get("shape"), msg.get("dtype")
         priority, version = msg.get("priority"), msg.get("version")
         rank = msg.get("rank", conn.node_id)
@@ -744,7 +763,13 @@ class Scheduler:
             return
         self.abort_reason = reason
         self._abort_at = time.monotonic()
-        log.error("aborting job %s: %s", self.job_id, reason)
+        hook = self.on_abort
+        log.log(logging.INFO if hook else logging.ERROR, "aborting job %s: %s", self.job_id, reason)
+        if hook is not None:
+            try:
+                hook(reason)
+            except Exception:
+                log.exception("abort hook failed")
         for conn in list(self._conns):
             if conn.authed and not conn.closed:
                 self._send(conn, {"type": "abort", "reason": reason})

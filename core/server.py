@@ -54,6 +54,7 @@ def server_options(cfg: Config) -> _core_types.ServerOptions:
     opts.engine_threads = cfg.engine_threads
     opts.io_threads = cfg.io_threads
     opts.handshake_timeout_s = cfg.handshake_timeout
+    opts.max_pending_handshakes = cfg.max_pending_handshakes
     return opts
 
 
@@ -152,7 +153,9 @@ def _serve(srv: Any, client: ControlClient, wake: threading.Event, state: dict, 
         wake.clear()
         reason = client.abort_reason
         if reason is not None:
-            log.error("%s: job aborted: %s", me, reason)
+            # Under fastpsrun the launcher reports the reason, once; don't repeat it.
+            level = logging.INFO if os.environ.get("FASTPS_LAUNCHER") else logging.ERROR
+            log.log(level, "%s: job aborted: %s", me, reason)
             return 1
         if client.shutdown_received:
             log.info("%s: shutdown", me)

@@ -57,9 +57,12 @@ class Job:
     def __init__(self, num_workers: int, num_servers: int, argv: List[str],
                  env: Optional[Dict[str, str]] = None, heartbeat_timeout: float = 5.0,
                  worker_hosts: Optional[List[str]] = None,
-                 server_hosts: Optional[List[str]] = None) -> None:
-        """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines."""
-        self.job_id = "t" + secrets.token_hex(3)
+                 server_hosts: Optional[List[str]] = None, job_id: Optional[str] = None,
+                 custom: Optional[Dict[Tuple[str, int], List[str]]] = None) -> None:
+        """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines.
+        custom: python arguments of particular processes, by (role, index)."""
+        custom = custom or {}
+        self.job_id = job_id or "t" + secrets.token_hex(3)
         self.token = secrets.token_hex(16)
         self.scheduler = Scheduler(num_workers, num_servers, self.job_id, self.token,
                                    timeout=30.0, heartbeat_timeout=heartbeat_timeout)
@@ -81,12 +84,13 @@ class Job:
             env_s = dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s))
             if server_hosts:
                 env_s["FASTPS_HOSTNAME"] = server_hosts[s]
-            self._spawn("server", s, [sys.executable, "-m", "fastps.server"], env_s)
+            args = custom.get(("server", s), ["-m", "fastps.server"])
+            self._spawn("server", s, [sys.executable, *args], env_s)
         for r in range(num_workers):
             env_w = dict(base, FASTPS_ROLE="worker", FASTPS_RANK=str(r))
             if worker_hosts:
                 env_w["FASTPS_HOSTNAME"] = worker_hosts[r]
-            self._spawn("worker", r, [sys.executable, *argv], env_w)
+            self._spawn("worker", r, [sys.executable, *custom.get(("worker", r), argv)], env_w)
 
     def _spawn(self, role: str, index: int, argv: List[str], env: Dict[str, str]) -> None:
         p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -41,7 +41,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("port", &ServerOptions::port)
       .def_readwrite("io_threads", &ServerOptions::io_threads)
       .def_readwrite("engine_threads", &ServerOptions::engine_threads)
-      .def_readwrite("handshake_timeout_s", &ServerOptions::handshake_timeout_s);
+      .def_readwrite("handshake_timeout_s", &ServerOptions::handshake_timeout_s)
+      .def_readwrite("max_pending_handshakes", &ServerOptions::max_pending_handshakes);
 
   py::class_<WorkerOptions> wo(m, "WorkerOptions");
   wo.def(py::init<>())
@@ -157,8 +158,11 @@ PYBIND11_MODULE(_core, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release", &Worker::release)
       .def(
-          "abort", [](Worker& w, const std::string& reason) { w.abort(reason); },
-          py::arg("reason"), py::call_guard<py::gil_scoped_release>())
+          "abort",
+          [](Worker& w, const std::string& reason, bool quiet) {
+            w.abort(reason, ErrorKind::kAbort, quiet);
+          },
+          py::arg("reason"), py::arg("quiet") = false, py::call_guard<py::gil_scoped_release>())
       .def("error", &Worker::error)
       .def("part_layout", &Worker::part_layout, py::arg("name"), py::arg("nbytes"),
            py::arg("elem_size"))

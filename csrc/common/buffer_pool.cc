@@ -7,8 +7,6 @@ namespace fastps {
 
 namespace {
 constexpr size_t kPage = 4096;
-// Keep at most this many idle bytes per capacity class; the rest is freed.
-constexpr size_t kMaxIdlePerClass = 256u << 20;
 }  // namespace
 
 Buffer::~Buffer() { pool_->put(data_, cap_); }
@@ -28,6 +26,10 @@ std::shared_ptr<Buffer> BufferPool::get(size_t len) {
       p = it->second.back();
       it->second.pop_back();
       held_ -= cap;
+      if (it->second.empty()) {  // no entry per size ever seen: the maps stay small
+        free_.erase(it);
+        last_put_.erase(cap);
+      }
     }
   }
   if (!p) {
@@ -39,13 +41,37 @@ std::shared_ptr<Buffer> BufferPool::get(size_t len) {
 
 void BufferPool::put(void* data, size_t cap) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& list = free_[cap];
-  if ((list.size() + 1) * cap > kMaxIdlePerClass && !list.empty()) {
-    std::free(data);
+  last_put_[cap] = ++puts_;
+  if (held_ + cap > max_idle_) evict_locked(cap, cap);
+  if (held_ + cap > max_idle_) {
+    std::free(data);  // this size alone fills the budget
+    if (!free_.count(cap)) last_put_.erase(cap);
     return;
   }
-  list.push_back(data);
+  free_[cap].push_back(data);
   held_ += cap;
+}
+
+void BufferPool::evict_locked(size_t need, size_t keep_cap) {
+  while (held_ + need > max_idle_) {
+    // The size returned least recently is the least likely to be asked for again.
+    size_t victim = 0;
+    uint64_t oldest = UINT64_MAX;
+    for (auto& kv : free_) {
+      if (kv.first == keep_cap || kv.second.empty()) continue;
+      uint64_t t = last_put_[kv.first];
+      if (t < oldest) {
+        oldest = t;
+        victim = kv.first;
+      }
+    }
+    if (victim == 0) return;
+    auto it = free_.find(victim);
+    for (void* p : it->second) std::free(p);
+    held_ -= victim * it->second.size();
+    free_.erase(it);
+    last_put_.erase(victim);
+  }
 }
 
 size_t BufferPool::bytes_held() const {

@@ -21,6 +21,8 @@ void check_options(const ServerOptions& o) {
   if (!(o.handshake_timeout_s > 0) || std::isinf(o.handshake_timeout_s))
     bad("handshake_timeout_s", std::to_string(o.handshake_timeout_s),
         "must be a finite number of seconds > 0");
+  if (o.max_pending_handshakes < 1)
+    bad("max_pending_handshakes", std::to_string(o.max_pending_handshakes), "must be >= 1");
 }
 
 }  // namespace fastps

@@ -18,6 +18,8 @@ struct ServerOptions {
   int engine_threads = 0;
   // How long an accepted connection may take to authenticate.
   double handshake_timeout_s = 0;
+  // Handshakes under way at once; past it the oldest is turned away (busy).
+  int max_pending_handshakes = 0;
 };
 
 // Throws std::invalid_argument naming the first field that is unset or out of range.

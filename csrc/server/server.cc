@@ -1,16 +1,20 @@
 #include "server/server.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <sstream>
 #include <stdexcept>
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "protocol/frame_check.h"
 #include "transport/handshake.h"
 #include "transport/link.h"
 #include "transport/socket.h"
@@ -68,34 +72,76 @@ uint64_t Server::parts_summed() const {
 }
 
 void Server::accept_loop() {
+  // Handshakes run side by side, each with its own deadline; when too many are
+  // under way the oldest is turned away with a busy marker (the worker retries),
+  // so silent or slow peers cannot hold up a legitimate one.
+  std::deque<ServerHandshake> pending;
+  std::vector<pollfd> fds;
+  auto now_s = [] {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+  };
+  auto refuse = [&](const ServerHandshake& hs, const std::string& why) {
+    refused_++;
+    LOG_WARN("server " << opts_.server_id << ": refused connection from " << peer_name(hs.fd())
+                       << ": " << why);
+    ::close(hs.fd());
+  };
+  set_nonblocking(listen_fd_, true);
   while (!stopping_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    tune_socket(fd);
-    std::string who = peer_name(fd);
-    Peer peer;
-    std::string why;
-    if (!accept_handshake(fd, opts_.job_id, opts_.token, opts_.num_workers,
-                          opts_.handshake_timeout_s, &peer, &why)) {
-      refused_++;
-      LOG_WARN("server " << opts_.server_id << ": refused connection from " << who << ": " << why);
-      ::close(fd);
-      continue;
+    fds.assign(1, pollfd{listen_fd_, POLLIN, 0});
+    for (auto& hs : pending) fds.push_back(pollfd{hs.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
+    double now = now_s();
+    std::deque<ServerHandshake> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      ServerHandshake& hs = pending[i];
+      auto st = ServerHandshake::State::kPending;
+      if (fds[i + 1].revents) st = hs.on_readable(opts_.job_id, opts_.token, opts_.num_workers);
+      if (st == ServerHandshake::State::kDone) {
+        admit(hs.fd(), hs.peer());
+      } else if (st == ServerHandshake::State::kFailed) {
+        refuse(hs, hs.why());
+      } else if (now > hs.deadline()) {
+        refuse(hs, "no valid hello within " + std::to_string(opts_.handshake_timeout_s) + " s");
+      } else {
+        still.push_back(std::move(hs));
+      }
     }
-    std::ostringstream desc;
-    desc << "worker " << peer.rank << " (" << who << ")";
-    auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
-      conns_.push_back(conn);
+    pending.swap(still);
+    if (!(fds[0].revents & POLLIN)) continue;
+    while (true) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) break;
+      tune_socket(fd);
+      if (pending.size() >= static_cast<size_t>(opts_.max_pending_handshakes)) {
+        refuse_busy(pending.front().fd());
+        refuse(pending.front(), "too many handshakes under way; the oldest is turned away");
+        pending.pop_front();
+      }
+      pending.emplace_back(fd, now + opts_.handshake_timeout_s);
+      if (!pending.back().why().empty()) {
+        refuse(pending.back(), pending.back().why());
+        pending.pop_back();
+      }
     }
-    loops_[next_loop_++ % loops_.size()]->add(conn);
-    LOG_DEBUG("server " << opts_.server_id << ": accepted " << desc.str() << " conn "
-                        << peer.conn_index);
   }
+  for (auto& hs : pending) ::close(hs.fd());
+}
+
+void Server::admit(int fd, const Peer& peer) {
+  std::string who = peer_name(fd);
+  std::ostringstream desc;
+  desc << "worker " << peer.rank << " (" << who << ")";
+  auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
+    conns_.push_back(conn);
+  }
+  loops_[next_loop_++ % loops_.size()]->add(conn);
+  LOG_DEBUG("server " << opts_.server_id << ": accepted " << desc.str() << " conn "
+                      << peer.conn_index);
 }
 
 void Server::set_pacing(std::vector<double> per_rank) {
@@ -122,16 +168,12 @@ std::shared_ptr<Connection> Server::find(Connection* c) {
 }
 
 void* Server::on_header(Connection* c, const FrameHeader& h, std::string* why) {
-  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach) && payload_bytes(h) == 0) return nullptr;
-  if (h.type != static_cast<uint8_t>(MsgType::kPush)) {
-    *why = "unexpected frame type " + std::to_string(h.type);
+  if (!check_server_frame(h, c->peer().rank, opts_.num_workers, why)) {
+    // The connection closes; on_close logs and reports it with the peer's name.
+    *why = "malformed frame (" + *why + ")";
     return nullptr;
   }
-  if (h.dtype >= static_cast<uint8_t>(DType::kCount) || h.sender != c->peer().rank ||
-      h.len % dtype_size(static_cast<DType>(h.dtype)) != 0) {
-    *why = "malformed push header";
-    return nullptr;
-  }
+  if (h.type == static_cast<uint8_t>(MsgType::kShmAttach)) return nullptr;
   if (payload_bytes(h) == 0 && h.len > 0) return nullptr;  // a slot reference
   auto buf = pool_->get(h.len);
   void* dst = buf->data();
@@ -150,7 +192,8 @@ void Server::attach_shm(Connection* c, const FrameHeader& h) {
   // from the frame, so a worker can only hand over its own segment.
   std::string name = shm_segment_name(opts_.job_id, c->peer().rank);
   try {
-    auto seg = ShmSegment::open(name);
+    // The worker announced its segment's nonce in shm_offset.
+    auto seg = ShmSegment::open(name, h.shm_offset);
     std::lock_guard<std::mutex> lock(mu_);
     shm_[c->peer().rank] = std::move(seg);
   } catch (const std::exception& e) {

@@ -41,6 +41,8 @@ class Server : public FrameHandler, public SlotSpace {
 
  private:
   void accept_loop();
+  // Hands an authenticated socket to an I/O loop.
+  void admit(int fd, const Peer& peer);
   void attach_shm(Connection* c, const FrameHeader& h);
   void broadcast(MsgType type, const FrameHeader& about, const std::string& msg);
   std::shared_ptr<Connection> find(Connection* c);

@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <stdexcept>
 
 namespace fastps {
@@ -18,7 +20,28 @@ constexpr uint64_t kSegmentMagic = 0x314D485350534146ull;  // "FASPSHM1"
 struct SegmentHeader {
   uint64_t magic;
   uint64_t data_bytes;
+  uint64_t nonce;        // random per creation: peers check they mapped this run's segment
+  uint64_t creator_pid;  // tells a dead run's leftover from a live clash
 };
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  uint64_t n = 0;
+  while (n == 0) n = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return n;
+}
+
+// True if the segment's creator is gone (or it never finished writing its header).
+bool creator_dead(const std::string& name) {
+  int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return errno == ENOENT;
+  SegmentHeader h{};
+  ssize_t n = ::pread(fd, &h, sizeof(h), 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof(h)) || h.magic != kSegmentMagic) return true;
+  pid_t pid = static_cast<pid_t>(h.creator_pid);
+  return pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH);
+}
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -46,8 +69,15 @@ ShmSegment::~ShmSegment() { ::munmap(base_, map_bytes_); }
 std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, size_t data_bytes) {
   data_bytes = round_up(data_bytes < kShmPage ? kShmPage : data_bytes, kShmPage);
   size_t total = prefix_bytes(data_bytes) + data_bytes;
-  ::shm_unlink(name.c_str());  // a stale segment of a crashed run with the same job id
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST && creator_dead(name)) {
+    ::shm_unlink(name.c_str());  // left behind by a crashed run: nobody uses it
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd < 0 && errno == EEXIST)
+    throw std::runtime_error("shared memory " + name +
+                             " is in use by a live process of another job with the same job id "
+                             "on this host; give each job its own FASTPS_JOB_ID");
   if (fd < 0) throw std::runtime_error("cannot create shared memory " + name + ": " + errno_text());
   if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
     std::string why = errno_text();
@@ -63,11 +93,15 @@ std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, size_t d
   }
   auto* h = static_cast<SegmentHeader*>(base);
   h->data_bytes = data_bytes;
+  h->nonce = random_nonce();
+  h->creator_pid = static_cast<uint64_t>(::getpid());
   __atomic_store_n(&h->magic, kSegmentMagic, __ATOMIC_RELEASE);
-  return std::shared_ptr<ShmSegment>(new ShmSegment(name, base, total, data_bytes));
+  auto seg = std::shared_ptr<ShmSegment>(new ShmSegment(name, base, total, data_bytes));
+  seg->nonce_ = h->nonce;
+  return seg;
 }
 
-std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name) {
+std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name, uint64_t nonce) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("cannot open shared memory " + name + ": " + errno_text());
   struct stat st {};
@@ -87,7 +121,15 @@ std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name) {
     ::munmap(base, total);
     throw std::runtime_error("shared memory " + name + " is not a fastps segment");
   }
-  return std::shared_ptr<ShmSegment>(new ShmSegment(name, base, total, data_bytes));
+  if (h->nonce != nonce) {
+    ::munmap(base, total);
+    throw std::runtime_error("shared memory " + name +
+                             " belongs to another run (its nonce differs from the one its owner "
+                             "announced): is another job with the same job id on this host?");
+  }
+  auto seg = std::shared_ptr<ShmSegment>(new ShmSegment(name, base, total, data_bytes));
+  seg->nonce_ = nonce;
+  return seg;
 }
 
 void ShmSegment::unlink(const std::string& name) { ::shm_unlink(name.c_str()); }

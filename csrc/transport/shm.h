@@ -23,11 +23,15 @@ std::string shm_segment_name(const std::string& job_id, uint32_t rank);
 
 class ShmSegment {
  public:
-  // Creates (replacing a stale one of the same name) a segment with room for
-  // data_bytes of slots. Throws std::runtime_error naming the segment.
+  // Claims the name exclusively (O_EXCL) and creates a segment with room for
+  // data_bytes of slots, stamped with a fresh random nonce and the creator's pid.
+  // A leftover of a dead creator is replaced; a live one's is a clash (two jobs
+  // with one job id on this host): throws std::runtime_error naming it.
   static std::shared_ptr<ShmSegment> create(const std::string& name, size_t data_bytes);
-  // Maps an existing segment. Throws std::runtime_error if it is missing or not ours.
-  static std::shared_ptr<ShmSegment> open(const std::string& name);
+  // Maps an existing segment whose nonce must be `nonce` (learnt from its
+  // creator over an authenticated connection). Throws std::runtime_error if it
+  // is missing, not a fastps segment, or another run's.
+  static std::shared_ptr<ShmSegment> open(const std::string& name, uint64_t nonce);
   // Removes the name (mappings stay valid). Harmless if it is already gone.
   static void unlink(const std::string& name);
 
@@ -36,6 +40,7 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   const std::string& name() const { return name_; }
+  uint64_t nonce() const { return nonce_; }
   size_t data_bytes() const { return data_bytes_; }
   char* at(uint64_t off) const { return data_ + off; }
   // True if [off, off+len) is a page-aligned range inside the data area.
@@ -52,6 +57,7 @@ class ShmSegment {
   uint32_t* count_at(uint64_t off) const;
 
   std::string name_;
+  uint64_t nonce_ = 0;
   void* base_;
   size_t map_bytes_;
   size_t data_bytes_;

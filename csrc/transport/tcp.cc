@@ -117,8 +117,10 @@ bool Connection::on_readable(std::string* why, bool* clean) {
       rx_hdr_got_ += static_cast<size_t>(n);
       if (rx_hdr_got_ < sizeof(FrameHeader)) continue;
       rx_hdr_got_ = 0;
+      // The transport's own fields; receivers check the application's fields in
+      // on_header (protocol/frame_check), for every frame length.
       if (rx_hdr_.magic != kFrameMagic || rx_hdr_.len > kMaxPartBytes) {
-        *why = "malformed frame header";
+        *why = "malformed frame (bad magic or a length over the part limit)";
         return false;
       }
       if (rx_hdr_.type == kFrameBye) {
@@ -127,7 +129,12 @@ bool Connection::on_readable(std::string* why, bool* clean) {
       }
       rx_len_ = payload_bytes(rx_hdr_);
       rx_dst_ = static_cast<char*>(handler_->on_header(this, rx_hdr_, why));
-      if (!rx_dst_ && rx_len_ > 0) return false;
+      // A rejection (why set) closes the connection even when no payload follows.
+      if (!why->empty()) return false;
+      if (!rx_dst_ && rx_len_ > 0) {
+        *why = "frame of type " + std::to_string(rx_hdr_.type) + " has nowhere to go";
+        return false;
+      }
       rx_got_ = 0;
       if (rx_len_ == 0) {
         handler_->on_frame(this, rx_hdr_, rx_dst_);

@@ -11,9 +11,13 @@ namespace fastps {
 constexpr uint32_t kFrameMagic = 0x4D535046;  // "FPSM"
 constexpr uint32_t kHelloMagic = 0x48535046;  // "FPSH"
 constexpr uint32_t kChallengeMagic = 0x43535046;  // "FPSC"
+constexpr uint32_t kBusyMagic = 0x42535046;  // "FPSB": sent instead of a challenge, retry later
 constexpr size_t kNonceBytes = 32;
-// Upper bound on one part; larger frames are treated as garbage.
-constexpr uint64_t kMaxPartBytes = 1ull << 31;
+// Upper bound on one part (FASTPS_PARTITION_BYTES may not exceed it); a header
+// claiming more is rejected before anything is allocated for it.
+constexpr uint64_t kMaxPartBytes = 256ull << 20;
+// Upper bound on the text of an error frame.
+constexpr uint64_t kMaxTextBytes = 64ull << 10;
 
 // The one frame type the transport itself understands: the sender closes the
 // connection cleanly after it. Every other type belongs to the application

@@ -5,14 +5,17 @@
 
 namespace fastps {
 
-void FailureFanout::abort(const std::string& reason, ErrorKind kind) {
+void FailureFanout::abort(const std::string& reason, ErrorKind kind, bool quiet) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty()) return;
     error_ = reason;
     error_kind_ = kind;
   }
-  LOG_WARN("worker " << rank_ << " aborting: " << reason);
+  if (quiet)
+    LOG_INFO("worker " << rank_ << " aborting: " << reason);
+  else
+    LOG_WARN("worker " << rank_ << " aborting: " << reason);
   for (auto& t : parts_->take_all()) handles_->fail(t.handle, reason, kind);
   for (auto& h : handles_->all()) handles_->fail(h, reason, kind);
 }

@@ -28,7 +28,9 @@ class FailureFanout {
   void set_reducer(LocalReducer* r) { reducer_ = r; }
 
   // kind: how the failed push_pulls report it (common/errors.h).
-  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort);
+  // quiet: the reason was reported elsewhere already (the scheduler's abort): log it
+  // at info level only, so the root cause is not repeated by every worker.
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort, bool quiet = false);
   // tell_peers: this worker found the failure, so the local peers must hear of it.
   void fail_tensor(uint64_t tensor, const std::string& msg, bool tell_peers);
   // "" while healthy; else the abort reason.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "common/errors.h"
 #include "common/logging.h"
 #include "transport/handshake.h"
 #include "transport/socket.h"
@@ -34,6 +35,7 @@ LocalGroup::~LocalGroup() {
 }
 
 void LocalGroup::open() {
+  claim_ = std::make_unique<JobClaim>(opts_.job_id, opts_.rank);
   own_ = ShmSegment::create(shm_segment_name(opts_.job_id, opts_.rank), opts_.shm_bytes);
   arena_ = std::make_unique<ShmArena>(own_);
   if (size() > 1) listen_fd_ = unix_listen(socket_name(opts_.job_id, opts_.rank));
@@ -46,10 +48,17 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     return std::max(
         0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
   };
-  // After the handshake each side maps the other's segment and says so with
-  // one byte, so both know their segment is reachable before any part moves.
+  // After the handshake each side announces its segment's nonce, maps the
+  // other's segment (checking the nonce: it is this run's, not a namesake's)
+  // and says so with one byte, so both know their segment is reachable before
+  // any part moves.
   auto finish = [&](int fd, uint32_t peer) {
-    auto seg = ShmSegment::open(shm_segment_name(opts_.job_id, peer));
+    uint64_t mine = own_->nonce(), nonce = 0;
+    if (!write_full(fd, &mine, sizeof(mine), left()) ||
+        !read_full(fd, &nonce, sizeof(nonce), left()))
+      throw std::runtime_error("local worker " + std::to_string(peer) +
+                               " did not announce its shared memory");
+    auto seg = ShmSegment::open(shm_segment_name(opts_.job_id, peer), nonce);
     uint8_t mapped = 1, theirs = 0;
     if (!write_full(fd, &mapped, 1, left()) || !read_full(fd, &theirs, 1, left()) || theirs != 1)
       throw std::runtime_error("local worker " + std::to_string(peer) +
@@ -61,9 +70,21 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     peers_[peer] = Link(c, true);
     out.push_back(c);
   };
+  auto check = [&] {
+    std::string why = opts_.cancelled ? opts_.cancelled() : std::string();
+    if (!why.empty()) throw AbortError(why);
+  };
   for (uint32_t r : opts_.local_ranks) {
     if (r >= opts_.rank) break;
-    int fd = unix_connect(socket_name(opts_.job_id, r), left());
+    int fd = -1;
+    while (fd < 0) {  // in short slices, watching for an abort
+      check();
+      try {
+        fd = unix_connect(socket_name(opts_.job_id, r), std::min(left(), 0.2));
+      } catch (const std::runtime_error&) {
+        if (left() <= 0) throw;
+      }
+    }
     try {
       connect_handshake(fd, opts_.job_id, opts_.token, opts_.rank, 0, left(),
                         "local worker " + std::to_string(r));
@@ -77,13 +98,13 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
       opts_.local_ranks.end() -
       std::upper_bound(opts_.local_ranks.begin(), opts_.local_ranks.end(), opts_.rank));
   while (higher > 0) {
+    check();
     pollfd p{listen_fd_, POLLIN, 0};
-    int ms = static_cast<int>(left() * 1000);
+    int ms = static_cast<int>(std::min(left(), 0.2) * 1000);
     if (ms <= 0 || ::poll(&p, 1, ms) <= 0) {
       if (left() > 0) continue;
-      throw std::runtime_error("worker " + std::to_string(opts_.rank) + ": " +
-                               std::to_string(higher) +
-                               " local worker(s) did not connect within the timeout");
+      throw TimeoutError("worker " + std::to_string(opts_.rank) + ": " + std::to_string(higher) +
+                         " local worker(s) did not connect within the timeout");
     }
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
@@ -119,6 +140,7 @@ void LocalGroup::unlink_own() {
 }
 
 void LocalGroup::unlink_all() {
+  if (!claim_) return;  // never ours: the names may be another job's
   for (uint32_t r : opts_.local_ranks) ShmSegment::unlink(shm_segment_name(opts_.job_id, r));
   own_unlinked_ = true;
 }

@@ -5,12 +5,14 @@
 // reduce protocol that runs over this group lives in worker/local_reducer.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/buffer_pool.h"
+#include "transport/job_claim.h"
 #include "transport/link.h"
 #include "transport/payload.h"
 #include "transport/shm.h"
@@ -26,6 +28,8 @@ struct LocalGroupOptions {
   std::vector<uint32_t> local_ranks;  // every worker on this host, this one included, sorted
   size_t shm_bytes = 0;  // set from WorkerOptions, like every field here
   double timeout_s = 0;
+  // Polled while waiting for peers: a non-empty answer (the job aborted) ends the wait.
+  std::function<std::string()> cancelled;
 };
 
 class LocalGroup : public SlotSpace {
@@ -50,6 +54,10 @@ class LocalGroup : public SlotSpace {
   uint32_t owner(uint64_t tensor, uint32_t part) const;
   // The link to a local peer (it maps this worker's segment, and this worker its).
   const Link& peer(uint32_t rank) const;
+  // False for a peer whose connection was never set up (start-up failed first).
+  bool connected(uint32_t rank) const { return peers_.count(rank) != 0; }
+  // Nonce of this worker's own segment (valid after open()).
+  uint64_t segment_nonce() const { return own_ ? own_->nonce() : 0; }
   bool is_peer(const Connection* c) const;
 
   // A slot of len bytes in this worker's segment holding one reference, else
@@ -63,6 +71,7 @@ class LocalGroup : public SlotSpace {
 
   LocalGroupOptions opts_;
   int listen_fd_ = -1;
+  std::unique_ptr<JobClaim> claim_;  // this job id and rank are ours on this host
   std::shared_ptr<ShmSegment> own_;
   std::unique_ptr<ShmArena> arena_;
   bool own_unlinked_ = false;

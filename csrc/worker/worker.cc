@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "kernels/sum.h"
+#include "protocol/frame_check.h"
 #include "transport/handshake.h"
 #include "transport/socket.h"
 
@@ -60,6 +61,7 @@ Worker::Worker(WorkerOptions opts)
     lo.local_ranks = local_reduce_ ? opts_.local_ranks : std::vector<uint32_t>{opts_.rank};
     lo.shm_bytes = opts_.shm_bytes;
     lo.timeout_s = opts_.connect_timeout_s;
+    lo.cancelled = [this] { return error(); };
     local_ = std::make_unique<LocalGroup>(lo);
     LocalReducer::Context ctx;
     ctx.rank = opts_.rank;
@@ -80,6 +82,7 @@ Worker::Worker(WorkerOptions opts)
 Worker::~Worker() { shutdown(); }
 
 void Worker::start() {
+  if (!error().empty()) throw AbortError(error());  // aborted before it started
   loop_ = std::make_unique<EventLoop>("worker-io");
   links_.resize(opts_.servers.size());
   // The segment exists before anyone can ask to map it.
@@ -87,15 +90,10 @@ void Worker::start() {
   for (size_t s = 0; s < opts_.servers.size(); ++s) {
     for (int k = 0; k < opts_.conns_per_server; ++k) {
       std::string desc = "server " + std::to_string(s) + " at " + opts_.servers[s];
-      int fd = tcp_connect(opts_.servers[s], opts_.connect_timeout_s,
-                           static_cast<int>(opts_.notsent_lowat));
-      try {
-        connect_handshake(fd, opts_.job_id, opts_.token, opts_.rank, static_cast<uint32_t>(k),
-                          opts_.connect_timeout_s, desc);
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
+      int fd = connect_authenticated(opts_.servers[s], opts_.job_id, opts_.token, opts_.rank,
+                                     static_cast<uint32_t>(k), opts_.connect_timeout_s,
+                                     static_cast<int>(opts_.notsent_lowat), desc,
+                                     [this] { return error(); });
       if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0)
         set_pacing_rate(fd, opts_.pacing_bytes_per_s[s] / opts_.conns_per_server);
       Peer p;
@@ -129,7 +127,9 @@ void Worker::attach_local_servers() {
     h.type = static_cast<uint8_t>(MsgType::kShmAttach);
     h.sender = opts_.rank;
     h.shm_segment = opts_.rank;
-    if (links_[s][0].send(h)) ++asked;
+    h.shm_offset = local_->segment_nonce();  // the server checks it mapped this run's segment
+    // Straight on the connection: Link::send would clear shm_offset (no slot payload here).
+    if (links_[s][0].connection()->send(h, nullptr, 0)) ++asked;
   }
   std::unique_lock<std::mutex> lock(attach_mu_);
   bool ok = attach_cv_.wait_for(lock, std::chrono::duration<double>(opts_.connect_timeout_s),
@@ -296,6 +296,10 @@ void Worker::send_part(PartTask t) {
 }
 
 void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
+  if (!check_frame_header(h, why)) {  // every field, before anything uses one
+    *why = "malformed frame (" + *why + ")";
+    return nullptr;
+  }
   auto type = static_cast<MsgType>(h.type);
   bool from_peer = local_reduce_ && local_->is_peer(c);
   if (from_peer != (type == MsgType::kLocalPush || type == MsgType::kLocalResult ||
@@ -379,7 +383,15 @@ void Worker::on_close(Connection* c, bool clean, const std::string& reason) {
   abort("lost connection to " + c->desc() + ": " + reason);
 }
 
-void Worker::abort(const std::string& reason, ErrorKind kind) { failures_.abort(reason, kind); }
+void Worker::abort(const std::string& reason, ErrorKind kind, bool quiet) {
+  failures_.abort(reason, kind, quiet);
+  {
+    // start() may be waiting for colocated servers; taking the lock first means it is
+    // either before its predicate check or already asleep, so the wakeup is not lost.
+    std::lock_guard<std::mutex> lock(attach_mu_);
+  }
+  attach_cv_.notify_all();
+}
 
 std::string Worker::error() const { return failures_.error(); }
 
@@ -401,23 +413,39 @@ void Worker::wait(int64_t id, double timeout_s) {
        << h->parts.size()
        << " parts outstanding); another worker may not have submitted this tensor";
     abort(os.str(), ErrorKind::kTimeout);
+    stop_stages(true);
     release(id);
     throw TimeoutError(os.str());
   }
   std::string err = h->error;
   ErrorKind kind = h->error_kind;
   lock.unlock();
+  // A job-ending failure reaches the caller only once no stage can still read or write its
+  // tensors (a part being copied by the local stage when the abort came, say).
+  if (!err.empty() && !error().empty()) stop_stages(true);
   release(id);
   if (!err.empty()) throw_error(kind, err);
+}
+
+void Worker::stop_stages(bool with_loop) {
+  std::lock_guard<std::mutex> lock(stages_mu_);
+  if (!stages_stopped_) {
+    scheduler_.stop();
+    if (pusher_.joinable()) pusher_.join();
+    if (reducer_) reducer_->stop();
+    stages_stopped_ = true;
+  }
+  if (with_loop && !loop_stopped_) {
+    if (loop_) loop_->stop();
+    loop_stopped_ = true;
+  }
 }
 
 void Worker::release(int64_t id) { handles_.release(id); }
 
 void Worker::shutdown() {
   if (!failures_.begin_shutdown()) return;
-  scheduler_.stop();
-  if (pusher_.joinable()) pusher_.join();
-  if (reducer_) reducer_->stop();
+  stop_stages(false);
   FrameHeader bye{};
   bye.magic = kFrameMagic;
   bye.type = static_cast<uint8_t>(MsgType::kBye);
@@ -426,7 +454,7 @@ void Worker::shutdown() {
     for (auto& l : per_server) l.send(bye);
   if (local_reduce_)
     for (uint32_t r : local_->ranks())
-      if (r != opts_.rank) local_->peer(r).send(bye);
+      if (r != opts_.rank && local_->connected(r)) local_->peer(r).send(bye);
   // Give the byes a moment to leave before the sockets close.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (auto& per_server : links_)
@@ -434,7 +462,7 @@ void Worker::shutdown() {
       while (!l.connection()->closed() && std::chrono::steady_clock::now() < deadline &&
              !l.connection()->idle())
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (loop_) loop_->stop();
+  stop_stages(true);
   failures_.fail_for_shutdown("fastps was shut down while this push_pull was running");
   links_.clear();
   // Normally long gone; after a peer crashed before unlinking, the survivors do it.

@@ -66,7 +66,9 @@ class Worker : public FrameHandler {
   void wait(int64_t handle, double timeout_s);
   void release(int64_t handle);
   // Fails every pending and future operation with this reason, as an error of this kind.
-  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort);
+  // quiet: the reason was already reported elsewhere (the scheduler's abort); log it
+  // at info level only, so the root cause is not repeated by every worker.
+  void abort(const std::string& reason, ErrorKind kind = ErrorKind::kAbort, bool quiet = false);
   std::string error() const;
   void shutdown();
   using Stats = WorkerStats;
@@ -86,6 +88,10 @@ class Worker : public FrameHandler {
   void send_part(PartTask t);
   void on_attached(Connection* c, const std::string& why_not);
   void on_result(Connection* c, const FrameHeader& h, void* payload);
+  // Stops the push thread, the local stage and (with the loop) the network thread; once it
+  // returns no stage touches a caller's memory. Idempotent; a second caller waits for the
+  // first. Called before a wait reports an abort: the caller frees its tensors at once.
+  void stop_stages(bool with_loop);
 
   WorkerOptions opts_;
   Partitioner partitioner_;
@@ -107,7 +113,11 @@ class Worker : public FrameHandler {
   // Every other lock is a leaf, held only for its own fields and never while
   // calling another component or sending on a connection: attach_mu_ here,
   // HandleTable::mu_, Handle::mu, TensorRegistry::mu_, FailureFanout::mu_,
-  // LocalReducer::own_mu_ and ::jobs_mu_, Connection::send_mu_.
+  // LocalReducer::own_mu_ and ::jobs_mu_, Connection::send_mu_. stages_mu_ is taken
+  // first of all (stop_stages joins the stage threads while holding it).
+  std::mutex stages_mu_;
+  bool stages_stopped_ = false;
+  bool loop_stopped_ = false;
   std::mutex attach_mu_;
   std::condition_variable attach_cv_;
   size_t attach_replies_ = 0;

@@ -1,0 +1,81 @@
+#include "protocol/frame_check.h"
+
+#include <sstream>
+
+#include "common/dtype.h"
+
+namespace fastps {
+namespace {
+
+bool is_text(MsgType t) {
+  return t == MsgType::kError || t == MsgType::kFatal || t == MsgType::kShmAttached ||
+         t == MsgType::kLocalError;
+}
+
+bool is_data(MsgType t) {
+  return t == MsgType::kPush || t == MsgType::kResult || t == MsgType::kLocalPush ||
+         t == MsgType::kLocalResult;
+}
+
+template <typename T>
+bool bad(std::string* why, const char* field, T value, const std::string& rule) {
+  std::ostringstream os;
+  os << "frame header field " << field << " = " << value << " " << rule;
+  *why = os.str();
+  return false;
+}
+
+}  // namespace
+
+bool check_frame_header(const FrameHeader& h, std::string* why) {
+  if (h.magic != kFrameMagic) return bad(why, "magic", h.magic, "is not the frame magic");
+  if (h.type < static_cast<uint8_t>(MsgType::kPush) ||
+      h.type > static_cast<uint8_t>(MsgType::kLocalError))
+    return bad(why, "type", static_cast<unsigned>(h.type), "is not a known message type");
+  if (h.flags & ~kFlagShm) return bad(why, "flags", h.flags, "has unknown bits");
+  auto type = static_cast<MsgType>(h.type);
+  if (is_text(type) && h.len > kMaxTextBytes)
+    return bad(why, "len", h.len, "exceeds the " + std::to_string(kMaxTextBytes) +
+                                      "-byte limit of a text frame");
+  if (h.len > kMaxPartBytes)
+    return bad(why, "len", h.len, "exceeds the " + std::to_string(kMaxPartBytes) +
+                                      "-byte part limit");
+  if ((h.flags & kFlagShm) && !is_data(type))
+    return bad(why, "flags", h.flags, "marks a non-data frame as shared memory");
+  if (!is_data(type)) return true;
+  if (h.dtype >= static_cast<uint8_t>(DType::kCount))
+    return bad(why, "dtype", static_cast<unsigned>(h.dtype), "is not a known dtype code");
+  size_t elem = dtype_size(static_cast<DType>(h.dtype));
+  if (h.len % elem != 0)
+    return bad(why, "len", h.len,
+               std::string("is not a multiple of the ") + dtype_name(static_cast<DType>(h.dtype)) +
+                   " element size");
+  if (h.len > h.tensor_bytes)
+    return bad(why, "tensor_bytes", h.tensor_bytes,
+               "is smaller than the part's len " + std::to_string(h.len));
+  return true;
+}
+
+bool check_server_frame(const FrameHeader& h, uint32_t peer_rank, uint32_t num_workers,
+                        std::string* why) {
+  if (!check_frame_header(h, why)) return false;
+  auto type = static_cast<MsgType>(h.type);
+  if (type != MsgType::kPush && type != MsgType::kShmAttach)
+    return bad(why, "type", static_cast<unsigned>(h.type), "is not a worker-to-server message");
+  if (h.sender != peer_rank)
+    return bad(why, "sender", h.sender,
+               "is not the authenticated rank " + std::to_string(peer_rank));
+  if (type == MsgType::kShmAttach) {
+    if (h.len != 0) return bad(why, "len", h.len, "is not 0 in a shared-memory attach");
+    return true;
+  }
+  if (h.pushers > num_workers)
+    return bad(why, "pushers", h.pushers,
+               "exceeds the job's " + std::to_string(num_workers) + " workers");
+  if ((h.flags & kFlagShm) && h.shm_segment >= num_workers)
+    return bad(why, "shm_segment", h.shm_segment,
+               "is not a rank of the job's " + std::to_string(num_workers) + " workers");
+  return true;
+}
+
+}  // namespace fastps
