@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 from fastps import api as _api
+from fastps import collectives as _collectives
 from fastps.errors import FastPSError
 
 from .compression import Compression
@@ -238,7 +239,12 @@ class _GradientSync:
         mine = np.array([self._learned_priority(e) for e in self.entries], dtype=np.int64)
         name = f"fastps.priorities.{self.sync_id}.{self.agreements}"
         self.agreements += 1
-        agreed = _api.broadcast(mine, 0, name=name)
+        if self.direct:
+            agreed = _api.broadcast(mine, 0, name=name)
+        else:  # among the process set's ranks only, from its first rank
+            ps = self.process_set
+            agreed = _collectives.broadcast_async(mine, "int64", ps.ranks[0], name,
+                                                  ps).synchronize()
         self.agreed = [int(p) for p in agreed]
 
     def _start(self, e: _Entry) -> None:
