@@ -501,8 +501,12 @@ def push_pull_raw(
     scale: float = 1.0,
     out: Any = None,
     keep: Sequence[Any] = (),
+    declare: bool = True,
 ) -> Handle:
-    """Lowest-level entry for plugins: buffers already resolved to addresses."""
+    """Lowest-level entry for plugins: buffers already resolved to addresses.
+
+    ``declare=False``: the caller already checked that every worker's tensor agrees
+    (``core/collectives.py``), so the scheduler's once-per-name declaration is skipped."""
     st = _st()
     if in_buf.nbytes != out_buf.nbytes or in_buf.dtype != out_buf.dtype:
         raise FastPSError(
@@ -510,7 +514,8 @@ def push_pull_raw(
             f"{in_buf.dtype}{list(in_buf.shape)}"
         )
     priority = int(priority)
-    _declare(st, name, in_buf, priority)
+    if declare:
+        _declare(st, name, in_buf, priority)
     batch: Optional[_Batch] = getattr(_batching, "batch", None)
     if batch is not None and batch.st is st:
         handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])

@@ -45,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger("fastps.control")
 
-MAX_FRAME = 1 << 20
+MAX_FRAME = 16 << 20  # process-set collectives relay their data through the scheduler
 HEADER = struct.Struct(">I")
 AUTH_STEP_TIMEOUT = 10.0
 
@@ -216,6 +216,9 @@ class ControlClient:
         self._threads: List[threading.Thread] = []
         self._decoder = FrameDecoder()
         self._early: List[Dict[str, Any]] = []
+        # (process set id, op name) -> callback for the gather's completion (coordinate())
+        self._coords: Dict[Tuple[int, str], Callable[[Dict[str, Any]], None]] = {}
+        self._unsolicited: Optional[Callable[[Dict[str, Any]], None]] = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -473,6 +476,56 @@ class ControlClient:
             }
         )
 
+    def coordinate(
+        self,
+        set_id: int,
+        ranks: Sequence[int],
+        name: str,
+        record: Any,
+        done: Callable[[Dict[str, Any]], None],
+    ) -> None:
+        """Announces op ``name`` of process set ``set_id`` with this worker's ``record``
+        (JSON). Does not wait: ``done(message)`` runs on the receiver thread once every
+        member announced it (``message["records"]``, one per member in rank order) or the
+        scheduler refused it (``message["error"]``), or with ``{"error": reason}`` if the job
+        aborts first."""
+        key = (int(set_id), name)
+        with self._cv:
+            self._check_live()
+            if key in self._coords:
+                raise ValueError(f"op '{name}' is already in flight")
+            self._coords[key] = done
+        try:
+            self._send(
+                {"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
+                 "name": name, "record": record}
+            )
+        except BaseException:
+            with self._cv:
+                self._coords.pop(key, None)
+            raise
+
+    def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> None:
+        """Takes back this worker's announcement of ``name`` (its wait was cut short); a
+        completion that arrives anyway is dropped."""
+        with self._cv:
+            if self._coords.pop((int(set_id), name), None) is None:
+                return  # completed meanwhile
+        try:
+            self._send({"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
+                        "name": name, "withdraw": True})
+        except FastPSError:
+            pass  # the connection is gone: nothing left to take back
+
+    def forget_set(self, set_id: int, ranks: Sequence[int]) -> None:
+        """Drops the scheduler's pending gathers of a removed process set."""
+        self._send({"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
+                    "name": "", "forget": True})
+
+    def on_unsolicited(self, cb: Optional[Callable[[Dict[str, Any]], None]]) -> None:
+        """Receives completed gathers this worker did not announce (it is in ``join``)."""
+        self._unsolicited = cb
+
     def send_abort(self, reason: str) -> None:
         """Asks the scheduler to abort the job; it broadcasts ``reason`` to every node."""
         try:
@@ -525,10 +578,16 @@ class ControlClient:
                 return
             self._abort_reason = reason
             cbs, self._abort_cbs = self._abort_cbs, []
+            coords, self._coords = self._coords, {}
             self._cv.notify_all()
         log.info("fastps job aborted: %s", reason)
         for cb in cbs:
             _safe_call(cb, reason)
+        for done in coords.values():
+            try:
+                done({"error": f"job aborted: {reason}"})
+            except Exception:  # noqa: BLE001 - a callback's failure must not stop the others
+                log.exception("coordination callback failed")
 
     # ---------------------------------------------------------------- threads
     def _recv_loop(self) -> None:
@@ -587,6 +646,19 @@ class ControlClient:
                 self._cv.notify_all()
         elif kind == "abort":
             self._trigger_abort(str(msg.get("reason", "aborted by the scheduler")))
+        elif kind == "coord_done":
+            key = (int(msg.get("set", -1)), str(msg.get("name")))
+            with self._cv:
+                done = self._coords.pop(key, None)
+            if done is None and not msg.get("error"):
+                done = self._unsolicited
+            if done is None:
+                log.warning("ignoring the result of op %r that this worker did not start", key[1])
+                return
+            try:
+                done(msg)
+            except Exception:  # noqa: BLE001 - the receiver thread must keep running
+                log.exception("coordination callback for op %r failed", key[1])
         elif kind == "shutdown":
             with self._cv:
                 if self._shutdown:

@@ -40,6 +40,9 @@ SERVER_EXIT_WAIT = 30.0  # how long servers get to leave after every worker fini
 SHM_DIR = "/dev/shm"
 LINE_LIMIT = 65536  # longer lines are forwarded in pieces
 
+HOROVOD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
 _out_lock = threading.Lock()
 
 
@@ -241,7 +244,7 @@ class Launcher:
     # ----------------------------------------------------------------- setup
     def _child_env(self, role: str, index: int, sched_addr: str) -> Dict[str, str]:
         env = dict(self.base_env)
-        for var in ("FASTPS_RANK", "FASTPS_SERVER_ID", "FASTPS_SERVER_PORT"):
+        for var in ("FASTPS_RANK", "FASTPS_SERVER_ID", "FASTPS_SERVER_PORT", *HOROVOD_VARS):
             env.pop(var, None)
         env.update(
             FASTPS_ROLE=role,
@@ -259,6 +262,16 @@ class Launcher:
         env.setdefault("PYTHONUNBUFFERED", "1")
         if role == "worker":
             env["FASTPS_RANK"] = str(index)
+            # Horovod's variables, for scripts that read them: every process of a
+            # fastpsrun job runs on this machine (one host: local = global, one cross rank).
+            env.update(
+                HOROVOD_RANK=str(index),
+                HOROVOD_SIZE=str(self.num_workers),
+                HOROVOD_LOCAL_RANK=str(index),
+                HOROVOD_LOCAL_SIZE=str(self.num_workers),
+                HOROVOD_CROSS_RANK="0",
+                HOROVOD_CROSS_SIZE="1",
+            )
         else:
             env["FASTPS_SERVER_ID"] = str(index)
         return env

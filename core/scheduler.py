@@ -37,6 +37,7 @@ from .config import (
     format_addr,
 )
 from .control import MAX_FRAME, FrameDecoder, FrameError, compute_mac, encode_frame
+from .coordinator import Coordinator
 from .errors import FastPSError
 
 __all__ = ["Scheduler", "main"]
@@ -44,7 +45,7 @@ __all__ = ["Scheduler", "main"]
 log = logging.getLogger("fastps.scheduler")
 
 PREAUTH_MAX_FRAME = 4096  # an auth message is ~100 bytes; refuse anything large early
-MAX_OUTBUF = 16 << 20  # a node that stops reading is dropped rather than buffered forever
+MAX_OUTBUF = 64 << 20  # a node that stops reading is dropped rather than buffered forever
 MAX_UNAUTHENTICATED = 256
 BUSY_MESSAGE = "scheduler busy: too many unauthenticated connections (retry)"
 TICK = 0.2
@@ -154,6 +155,7 @@ class Scheduler:
         self._left: Set[Tuple[str, int]] = set()
         self._barriers: Dict[str, Set[int]] = {}
         self._tensors: Dict[Tuple[str, int], _Declared] = {}  # by (name, version)
+        self._coordinator = Coordinator()
         self._started_at = 0.0
         self._membership_sent = False
         self._shutdown_sent = False
@@ -523,6 +525,8 @@ class Scheduler:
             self._barrier(conn, msg)
         elif kind == "declare":
             self._declare(conn, msg)
+        elif kind == "coord":
+            self._coord(conn, msg)
         elif kind == "bye":
             self._bye(conn)
         elif kind == "abort":
@@ -681,6 +685,38 @@ class Scheduler:
             del self._barriers[name]
             for worker in self._workers.values():
                 self._send(worker, {"type": "barrier_done", "name": name})
+
+    def _coord(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        """A collective announced by one worker (``core/coordinator.py``)."""
+        set_id, ranks, name = msg.get("set"), msg.get("ranks"), msg.get("name")
+        if conn.role != "worker" or conn.node_id is None:
+            self._send(conn, {"type": "error", "message": "only registered workers coordinate"})
+            return
+        if (
+            not _is_int(set_id)
+            or not isinstance(name, str)
+            or not isinstance(ranks, list)
+            or not ranks
+            or not all(_is_int(r) and 0 <= r < self.num_workers for r in ranks)
+        ):
+            self._protocol_error(conn, f"invalid coord message for op {str(name)[:200]!r}")
+            return
+        if msg.get("forget"):
+            self._coordinator.forget_set(set_id)
+            return
+        if msg.get("withdraw"):
+            self._coordinator.withdraw(set_id, name, conn.node_id)
+            return
+        done, error = self._coordinator.announce(
+            set_id, ranks, name, conn.node_id, msg.get("record")
+        )
+        if error is not None:
+            self._send(conn, {"type": "coord_done", "set": set_id, "name": name, "error": error})
+        for completed in done:
+            for rank in completed.ranks:
+                worker = self._workers.get(rank)
+                if worker is not None:
+                    self._send(worker, completed.message)
 
     def _declare(self, conn: _Conn, msg: Dict[str, Any]) -> None:
         """Checks a worker's declaration of a tensor against the other workers'.

@@ -99,6 +99,8 @@ time.sleep(60)
 def test_output_is_prefixed_and_env_is_set(subprocess_env: Dict[str, str]) -> None:
     script = (
         "import os, sys; r = os.environ['FASTPS_RANK']; print('hello from', r); "
+        "print('hvd', *(os.environ['HOROVOD_' + k] for k in ('RANK', 'SIZE', 'LOCAL_RANK', "
+        "'LOCAL_SIZE', 'CROSS_RANK', 'CROSS_SIZE'))); "
         "print('warn', r, file=sys.stderr); sys.stdout.write('no newline ' + r)"
     )
     args = ["-np", "2", "--num-servers", "0", sys.executable, "-c", script]
@@ -107,6 +109,7 @@ def test_output_is_prefixed_and_env_is_set(subprocess_env: Dict[str, str]) -> No
     out = proc.stdout.splitlines()
     for r in (0, 1):
         assert f"[worker {r}] hello from {r}" in out
+        assert f"[worker {r}] hvd {r} 2 {r} 2 0 1" in out  # Horovod's variables too
         assert f"[worker {r}] no newline {r}" in out
         assert f"[worker {r}] warn {r}" in proc.stderr.splitlines()
 

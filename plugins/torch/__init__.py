@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import fastps
+from fastps import collectives as _collectives
+from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
 
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
@@ -40,34 +42,47 @@ from .ops import (
     Handle,
     Max,
     Min,
+    ProcessSet,
     Product,
     ReduceOp,
     Sum,
+    add_process_set,
     allgather,
     allgather_async,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    alltoall,
+    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
     global_process_set,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     join,
     poll,
     push_pull,
     push_pull_,
     push_pull_async,
     push_pull_async_,
+    reducescatter,
+    reducescatter_async,
+    remove_process_set,
+    sparse_allreduce_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -76,7 +91,12 @@ __all__ = [
     "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_",
-    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "ProcessSet", "add_process_set", "remove_process_set", "SyncBatchNorm",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "start_timeline", "stop_timeline",
+    "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "poll", "synchronize", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object", "DistributedOptimizer",
@@ -88,28 +108,50 @@ __all__ = [
 ]
 
 
+_active = False  # between init() and shutdown() (the connections outlive a shutdown)
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Joins the job started by ``fastpsrun`` (or runs alone without one)."""
+    """Joins the job started by ``fastpsrun`` (or runs alone without one).
+
+    ``process_sets``: ProcessSets (or rank lists) to register now, the same on every rank.
+    After :func:`shutdown`, ``init`` starts a new session on the same connections.
+    """
+    global _active
     if comm is not None:
         raise FastPSError("fastps does not use MPI communicators; launch with fastpsrun")
-    if process_sets not in (None, [], ()):
-        raise FastPSError("fastps supports only the global process set (all ranks)")
     fastps.init()
+    if process_sets == "dynamic":
+        process_sets = None  # every set may be added later anyway
+    _collectives.start_session(process_sets)
+    _active = True
 
 
 def shutdown() -> None:
-    fastps.shutdown()
+    """Ends this session: waits (bounded) for ops in flight and forgets process sets and
+    op names. The job's connections stay until the process exits, so :func:`init` may be
+    called again (Horovod's init -> shutdown -> init)."""
+    global _active
+    _active = False
+    _collectives.end_session()
 
 
 def is_initialized() -> bool:
-    return bool(fastps.is_initialized())
+    return _active and bool(fastps.is_initialized())
+
+
+def _check_init() -> None:
+    if not is_initialized():
+        raise ValueError("fastps has not been initialized; use hvd.init()")
 
 
 def rank() -> int:
+    _check_init()
     return int(fastps.rank())
 
 
 def size() -> int:
+    _check_init()
     return int(fastps.size())
 
 
@@ -131,6 +173,16 @@ def cross_size() -> int:
 
 def num_servers() -> int:
     return int(fastps.num_servers())
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's timeline records its background thread's activity; fastps has no such
+    thread and writes no timeline, so this refuses rather than pretend."""
+    raise FastPSError("fastps does not write a Horovod timeline (no background cycle to trace)")
+
+
+def stop_timeline() -> None:
+    raise FastPSError("fastps does not write a Horovod timeline (no background cycle to trace)")
 
 
 # Build/feature queries some Horovod scripts make. fastps uses none of these libraries.

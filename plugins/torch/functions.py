@@ -8,21 +8,15 @@ of leaving each rank waiting for tensors the others never send.
 
 from __future__ import annotations
 
-import io
 import itertools
-import pickle
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import fastps
 import torch
+from fastps import collectives as C
 from fastps.errors import FastPSError
 
-from .ops import _allgather_start, _name, broadcast_, broadcast_async_, core_dtype
-
-try:  # cloudpickle also serialises lambdas and locally defined classes
-    import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle
+from .ops import broadcast_async_, core_dtype
 
 __all__ = [
     "broadcast_object",
@@ -37,89 +31,24 @@ Signature = Tuple[str, Tuple[int, ...], str]
 _calls = itertools.count()  # numbers the collective calls of this module (same on all ranks)
 
 
-def _dumps(obj: Any) -> torch.Tensor:
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _loads(data: torch.Tensor) -> Any:
-    return pickle.loads(data.numpy().tobytes())
-
-
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Any = None) -> Any:
-    """Returns ``root_rank``'s ``obj`` on every rank (pickled; the root gets ``obj`` back).
-
-    The pickle's length travels first, then its bytes as a uint8 tensor.
-    """
-    name = _name(name, "broadcast_object")
-    if fastps.rank() == root_rank:
-        payload = _dumps(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        payload = None
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{name}.length", process_set=process_set)
-    n = int(length.item())
-    if payload is None:
-        payload = torch.empty(n, dtype=torch.uint8)
-    # The length is part of the name: objects of other sizes are other tensors to the core.
-    broadcast_(payload, root_rank, name=f"{name}.bytes{n}", process_set=process_set)
-    if fastps.rank() == root_rank:
-        return obj
-    return _loads(payload)
+    """Returns ``root_rank``'s ``obj`` on every rank (pickled; the root gets ``obj`` back)."""
+    return C.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> List[Any]:
     """Returns the list of every rank's ``obj``, in rank order (each unpickled)."""
-    name = _name(name, "allgather_object")
-    handle, counts = _allgather_start(_dumps(obj), name)
-    data = handle.synchronize()
-    out: List[Any] = []
-    start = 0
-    for count in counts:
-        out.append(_loads(data[start:start + count]))
-        start += count
-    return out
+    return C.allgather_object(obj, name, process_set)
 
 
-def _signature(name: str, t: torch.Tensor) -> Signature:
-    return (name, tuple(int(d) for d in t.shape), str(t.dtype).replace("torch.", ""))
-
-
-def _describe(sig: Signature) -> str:
-    return f"{sig[2]}{list(sig[1])}"
-
-
-def check_same_tensors(named: Sequence[Tuple[str, torch.Tensor]], what: str) -> None:
-    """Raises FastPSError on every rank if the ranks' named tensors differ (by name, shape
-    or dtype); the message names the first differing tensor and the ranks involved."""
-    if fastps.size() == 1:
-        return
-    mine = [_signature(n, t) for n, t in named]
-    everyone = allgather_object(mine, name=f"fastps.check.{next(_calls)}")
-    ref: Dict[str, Signature] = {s[0]: s for s in everyone[0]}
-    for rank, sigs in enumerate(everyone[1:], start=1):
-        theirs = {s[0]: s for s in sigs}
-        for n, sig in ref.items():
-            other = theirs.get(n)
-            if other is None:
-                raise FastPSError(
-                    f"{what}: tensor '{n}' ({_describe(sig)}) exists on rank 0 but not on rank "
-                    f"{rank}; every rank must hold the same model"
-                )
-            if other != sig:
-                raise FastPSError(
-                    f"{what}: tensor '{n}' is {_describe(sig)} on rank 0 but "
-                    f"{_describe(other)} on rank {rank}; every rank must hold the same model"
-                )
-        for n, sig in theirs.items():
-            if n not in ref:
-                raise FastPSError(
-                    f"{what}: tensor '{n}' ({_describe(sig)}) exists on rank {rank} but not on "
-                    "rank 0; every rank must hold the same model"
-                )
+def check_same_tensors(named: Sequence[Tuple[str, torch.Tensor]], what: str,
+                       process_set: Any = None) -> None:
+    """Raises on every rank if the ranks' named tensors differ (by name, shape or dtype)."""
+    C.check_same_everywhere(
+        [(n, tuple(t.shape), str(t.dtype).replace("torch.", "")) for n, t in named], what,
+        process_set,
+    )
 
 
 ParamsArg = Union[Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]],
@@ -162,7 +91,7 @@ def broadcast_parameters(params: ParamsArg, root_rank: int, process_set: Any = N
     done.
     """
     items = _named_tensors(params)
-    check_same_tensors(items, "broadcast_parameters")
+    check_same_tensors(items, "broadcast_parameters", process_set)
     for n, t in items:
         core_dtype(t, n)
     with torch.no_grad():
@@ -224,6 +153,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     call = next(_calls)
     root = fastps.rank() == root_rank
+    # As Horovod does: every trainable parameter gets a (zero) gradient if it has none, so
+    # code that reads .grad right after this call finds a tensor.
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     tensors: List[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if root else None
     skeleton = broadcast_object(skeleton, root_rank, name=f"broadcast_optimizer_state.{call}",

@@ -1,14 +1,14 @@
 """Collective operations on torch tensors, with Horovod's names and semantics.
 
-Every collective ends up as one or more push_pulls of the core (the servers only sum):
+This module is an adapter: the algorithms, checks and process sets live in
+``fastps.collectives`` (framework-neutral, on host arrays). Here a tensor becomes a numpy
+view of its host memory (CUDA tensors are copied to the host; bfloat16 travels as its bits),
+results become tensors again, autograd functions define the gradients, and :class:`Handle`
+wraps the layer's op.
 
-* allreduce / push_pull: the sum, scaled by ``1/size`` for ``Average``;
-* broadcast: the root contributes its tensor, every other rank zeros, so the sum is the
-  root's tensor (exact: ``x + 0 == x``; boolean tensors are combined with OR);
-* allgather: the first dimensions are exchanged first (an int64 vector, one slot per rank),
-  then each rank writes its rows at its offset in a zero buffer of the total size and the
-  buffer is summed;
-* Min / Max / Product: an allgather of the tensors, reduced locally.
+The one exception is the optimizer's gradient allreduce (:func:`_allreduce_start`), which
+goes straight to the core through ``staging`` (pinned CUDA buffers on a side stream) and
+skips the per-op announcement: its names are fixed parameter names and it is the hot path.
 
 Asynchronous variants return a :class:`Handle`; ``synchronize(handle)`` returns the output.
 In-place variants (trailing ``_``) write the result into the tensor they were given.
@@ -16,64 +16,31 @@ In-place variants (trailing ``_``) write the result into the tensor they were gi
 
 from __future__ import annotations
 
-import enum
-import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import fastps
+import numpy as np
 import torch
-from fastps.api import auto_name, submission_batch
+from fastps import collectives as C
+from fastps.api import auto_name
+from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
 
 from .compression import Compression
 from .staging import Waitable, submit
 
 __all__ = [
-    "ReduceOp",
-    "global_process_set",
-    "Average",
-    "Sum",
-    "Adasum",
-    "Min",
-    "Max",
-    "Product",
-    "Handle",
-    "core_dtype",
-    "allreduce",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "push_pull",
-    "push_pull_",
-    "push_pull_async",
-    "push_pull_async_",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "allgather",
-    "allgather_async",
-    "broadcast",
-    "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
-    "poll",
-    "synchronize",
-    "join",
-    "barrier",
+    "ReduceOp", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle", "core_dtype",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "poll", "synchronize", "join", "barrier",
 ]
-
-
-class ReduceOp(enum.IntEnum):
-    """How an allreduce combines the workers' tensors."""
-
-    AVERAGE = 0
-    SUM = 1
-    ADASUM = 2
-    MIN = 3
-    MAX = 4
-    PRODUCT = 5
-
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -81,6 +48,8 @@ Adasum = ReduceOp.ADASUM  # defined so that scripts can name it; using it raises
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+add_process_set = C.add_process_set
+remove_process_set = C.remove_process_set
 
 # torch dtype -> the core's dtype name. Everything else (complex, unsigned 16/32/64 bit,
 # float8, quantized) is refused with an error naming the tensor.
@@ -131,17 +100,16 @@ def _name(name: Optional[str], prefix: str) -> str:
     return auto_name(prefix)
 
 
+def _name(name: Optional[str], prefix: str) -> str:
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise FastPSError(f"tensor names must be non-empty strings, got {name!r}")
+        return name
+    return auto_name(prefix)
+
+
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
-    if average is not None:
-        if op is not None:
-            raise ValueError("pass either op or the deprecated average argument, not both")
-        return Average if average else Sum
-    if op is None:
-        return Average
-    try:
-        rop = ReduceOp(int(op))
-    except ValueError:
-        raise ValueError(f"unknown reduction op {op!r}") from None
+    rop = C.resolve_op(op, average)
     if rop == Adasum:
         raise FastPSError(
             "op=Adasum is not supported by fastps (its servers only sum); use op=Average or "
@@ -150,21 +118,32 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
     return rop
 
 
-class _GlobalProcessSet:
-    """Horovod's process set of all ranks, the only one fastps has."""
-
-    process_set_id = 0
-
-    def __repr__(self) -> str:
-        return "global_process_set"
+# --------------------------------------------------------------------------- tensor <-> host
 
 
-global_process_set = _GlobalProcessSet()
+def _host(tensor: Any, name: str) -> Tuple[np.ndarray, str]:
+    """A numpy view of ``tensor``'s values in host memory (a copy only when the tensor is
+    on a device or not contiguous) and the core's dtype name."""
+    dtype = core_dtype(tensor, name)
+    base = tensor.detach()
+    if base.device.type != "cpu":
+        base = base.cpu()
+    base = base.contiguous()
+    if dtype == "bfloat16":
+        return base.view(torch.int16).numpy().view(np.uint16), dtype
+    return base.numpy(), dtype
 
 
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise FastPSError("fastps supports only the global process set (all ranks)")
+def _tensor(arr: np.ndarray, dtype: str, like: torch.Tensor) -> torch.Tensor:
+    """``arr`` as a tensor of ``like``'s dtype on ``like``'s device (no copy on the CPU)."""
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    if dtype == "bfloat16":
+        t = t.view(torch.int16).view(torch.bfloat16)
+    return t if like.device.type == "cpu" else t.to(like.device)
+
+
+def _process_set(process_set: Any) -> ProcessSet:
+    return global_process_set if process_set is None else process_set
 
 
 class Handle:
@@ -173,11 +152,11 @@ class Handle:
     def __init__(
         self,
         name: str,
-        parts: Sequence[Union[Waitable, Handle]],
+        parts: Sequence[Union[Waitable, Handle, C.Op]],
         finish: Callable[[], Any],
     ) -> None:
         self.name = name
-        self._parts: List[Union[Waitable, Handle]] = list(parts)
+        self._parts: List[Union[Waitable, Handle, C.Op]] = list(parts)
         self._finish: Optional[Callable[[], Any]] = finish
         self._result: Any = None
         self._error: Optional[BaseException] = None
@@ -205,6 +184,7 @@ class Handle:
         return self._result
 
     wait = synchronize
+    __call__ = synchronize  # Horovod's sparse_allreduce_async returns a callable
 
     def __repr__(self) -> str:
         state = "done" if self._finish is None else "running"
@@ -221,8 +201,8 @@ def synchronize(handle: Handle) -> Any:
     return handle.synchronize()
 
 
-# --------------------------------------------------------------------------- allreduce
 
+# --------------------------------------------------------------------------- allreduce
 
 def _allreduce_start(
     tensor: torch.Tensor,
@@ -235,7 +215,8 @@ def _allreduce_start(
     priority: int,
 ) -> Handle:
     if op in (Min, Max, Product):
-        return _reduce_by_gather(tensor, inplace, name, op, prescale_factor, postscale_factor)
+        return _allreduce_op(tensor, inplace, name, op, prescale_factor, postscale_factor, None,
+                             compression, priority)
     name = _name(name, "allreduce")
     dtype = core_dtype(tensor, name)
     size = fastps.size()
@@ -287,42 +268,55 @@ def _allreduce_start(
     return Handle(name, [part], finish)
 
 
-def allreduce_async(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    compression: Any = None,
-    priority: int = 0,
-) -> Handle:
-    """Starts averaging (``op=Average``, default) or summing ``tensor`` over all ranks into a
-    new tensor. ``priority``: larger goes first among operations in flight."""
-    _check_process_set(process_set)
-    rop = _resolve_op(op, average)
-    return _allreduce_start(tensor, False, name, rop, prescale_factor, postscale_factor,
-                            compression, priority)
 
 
-def allreduce_async_(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    compression: Any = None,
-    priority: int = 0,
-) -> Handle:
-    """In-place :func:`allreduce_async`: the result replaces ``tensor``'s values. Do not
-    touch ``tensor`` until the handle is synchronized."""
-    _check_process_set(process_set)
-    rop = _resolve_op(op, average)
-    return _allreduce_start(tensor, True, name, rop, prescale_factor, postscale_factor,
-                            compression, priority)
+def _allreduce_op(tensor: torch.Tensor, inplace: bool, name: Optional[str], op: ReduceOp,
+                  prescale: float, postscale: float, process_set: Any, compression: Any,
+                  priority: int) -> Handle:
+    if op == Adasum:
+        raise FastPSError(
+            "op=Adasum is not supported by fastps (its servers only sum); use op=Average or "
+            "op=Sum"
+        )
+    compression = compression or Compression.none
+    label = name or "allreduce"
+    sent, ctx = compression.compress(tensor.detach())
+    arr, dtype = _host(sent, label)
+    out = arr if inplace and sent.device.type == "cpu" and arr.flags.writeable else None
+    cop = C.allreduce_async(arr, dtype, name, op, prescale, postscale, _process_set(process_set),
+                            priority, out=out)
+
+    def finish() -> torch.Tensor:
+        result = compression.decompress(_tensor(cop.synchronize(), dtype, sent), ctx)
+        result = result.view(tensor.shape)
+        if inplace:
+            if result.data_ptr() != tensor.data_ptr():
+                tensor.detach().copy_(result)
+            return tensor
+        return result
+
+    return Handle(cop.name, [cop], finish)
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
+                    name: Optional[str] = None, op: Optional[int] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = None, compression: Any = None,
+                    priority: int = 0) -> Handle:
+    """Starts averaging (``op=Average``, default) or reducing ``tensor`` over the process set
+    into a new tensor. Never waits for other ranks."""
+    return _allreduce_op(tensor, False, name, C.resolve_op(op, average), prescale_factor,
+                         postscale_factor, process_set, compression, priority)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
+                     name: Optional[str] = None, op: Optional[int] = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Any = None, compression: Any = None,
+                     priority: int = 0) -> Handle:
+    """In-place :func:`allreduce_async`: do not touch ``tensor`` until synchronized."""
+    return _allreduce_op(tensor, True, name, C.resolve_op(op, average), prescale_factor,
+                         postscale_factor, process_set, compression, priority)
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -330,55 +324,39 @@ class _AllreduceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
-                prescale: float, postscale: float, compression: Any) -> torch.Tensor:
-        ctx.args = (name, op, prescale, postscale, compression)
-        return _allreduce_start(tensor, False, name, op, prescale, postscale, compression,
-                                0).synchronize()
+                prescale: float, postscale: float, process_set: Any,
+                compression: Any) -> torch.Tensor:
+        ctx.args = (name, op, prescale, postscale, process_set, compression)
+        return _allreduce_op(tensor, False, name, op, prescale, postscale, process_set,
+                             compression, 0).synchronize()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
-        name, op, prescale, postscale, compression = ctx.args
+        name, op, prescale, postscale, process_set, compression = ctx.args
         grad_name = f"{name}.grad" if name else None
-        out = _allreduce_start(grad.contiguous(), False, grad_name, op, prescale, postscale,
-                               compression, 0).synchronize()
-        return out, None, None, None, None, None
+        out = _allreduce_op(grad.contiguous(), False, grad_name, op, prescale, postscale,
+                            process_set, compression, 0).synchronize()
+        return out, None, None, None, None, None, None
 
 
-def allreduce(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    compression: Any = Compression.none,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    priority: int = 0,
-) -> torch.Tensor:
-    """Averages (default) or sums ``tensor`` over all ranks and returns a new tensor.
-
-    Differentiable for ``op`` Average and Sum: the gradient is reduced the same way.
-    """
-    _check_process_set(process_set)
-    rop = _resolve_op(op, average)
-    if (rop in (Average, Sum) and torch.is_grad_enabled() and tensor.requires_grad):
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = Compression.none, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None, priority: int = 0) -> torch.Tensor:
+    """Averages (default) or reduces ``tensor`` over the process set; returns a new tensor.
+    Differentiable for ``op`` Average and Sum: the gradient is reduced the same way."""
+    rop = C.resolve_op(op, average)
+    if rop in (Average, Sum) and torch.is_grad_enabled() and tensor.requires_grad:
         return _AllreduceFunction.apply(tensor, name, rop, prescale_factor, postscale_factor,
-                                        compression)
-    return _allreduce_start(tensor, False, name, rop, prescale_factor, postscale_factor,
-                            compression, priority).synchronize()
+                                        process_set, compression)
+    return _allreduce_op(tensor, False, name, rop, prescale_factor, postscale_factor,
+                         process_set, compression, priority).synchronize()
 
 
-def allreduce_(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    compression: Any = None,
-    priority: int = 0,
-) -> torch.Tensor:
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[int] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: Any = None, compression: Any = None,
+               priority: int = 0) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor``."""
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                             process_set, compression, priority).synchronize()
@@ -391,250 +369,236 @@ push_pull_async = allreduce_async
 push_pull_async_ = allreduce_async_
 
 
-def _group_names(name: Optional[str], count: int) -> List[Optional[str]]:
-    if name is None:
-        return [None] * count
-    return [f"{name}.{i}" for i in range(count)]
-
-
-def grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    compression: Any = None,
-) -> Handle:
-    """Starts one allreduce per tensor; the handle's result is the list of outputs."""
-    _check_process_set(process_set)
-    rop = _resolve_op(op, average)
-    with submission_batch():  # every worker queues the whole group in one step
-        handles = [
-            _allreduce_start(t, False, n, rop, prescale_factor, postscale_factor,
-                             compression, 0)
-            for t, n in zip(tensors, _group_names(name, len(tensors)))
-        ]
-    return _group(name or "grouped_allreduce", handles)
-
-
-def grouped_allreduce_async_(
-    tensors: Sequence[torch.Tensor],
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = None,
-    compression: Any = None,
-) -> Handle:
-    _check_process_set(process_set)
-    rop = _resolve_op(op, average)
-    with submission_batch():  # every worker queues the whole group in one step
-        handles = [
-            _allreduce_start(t, True, n, rop, prescale_factor, postscale_factor,
-                             compression, 0)
-            for t, n in zip(tensors, _group_names(name, len(tensors)))
-        ]
-    return _group(name or "grouped_allreduce", handles)
-
-
 def _group(name: str, handles: List[Handle]) -> Handle:
     # Handles are waitables themselves; a finished one returns its cached result.
     return Handle(name, handles, lambda: [h.synchronize() for h in handles])
 
 
-def grouped_allreduce(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> List[Any]:
-    return grouped_allreduce_async(tensors, *args, **kwargs).synchronize()
+def _grouped_allreduce(tensors: Sequence[torch.Tensor], inplace: bool, average: Optional[bool],
+                       name: Optional[str], op: Optional[int], prescale_factor: float,
+                       postscale_factor: float, process_set: Any, compression: Any) -> Handle:
+    rop = C.resolve_op(op, average)
+    ps = _process_set(process_set)
+    names = C._group_names(ps, name, len(tensors))
+    with fastps.submission_batch():  # every worker queues the whole group in one step
+        handles = [_allreduce_op(t, inplace, n, rop, prescale_factor, postscale_factor, ps,
+                                 compression, 0) for t, n in zip(tensors, names)]
+    return _group(name or "grouped_allreduce", handles)
 
 
-def grouped_allreduce_(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> List[Any]:
-    return grouped_allreduce_async_(tensors, *args, **kwargs).synchronize()
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[int] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Any = None, compression: Any = None) -> Handle:
+    """Starts one allreduce per tensor; the handle's result is the list of outputs."""
+    return _grouped_allreduce(tensors, False, average, name, op, prescale_factor,
+                              postscale_factor, process_set, compression)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[int] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = None, compression: Any = None) -> Handle:
+    return _grouped_allreduce(tensors, True, average, name, op, prescale_factor,
+                              postscale_factor, process_set, compression)
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: Optional[str], op: ReduceOp, prescale: float, postscale: float,
+                process_set: Any, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        ctx.args = (name, op, prescale, postscale, process_set)
+        return tuple(_grouped_allreduce(tensors, False, None, name, op, prescale, postscale,
+                                        process_set, None).synchronize())
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[Any, ...]:
+        name, op, prescale, postscale, process_set = ctx.args
+        grad_name = f"{name}.grad" if name else None
+        out = _grouped_allreduce([g.contiguous() for g in grads], False, None, grad_name, op,
+                                 prescale, postscale, process_set, None).synchronize()
+        return (None, None, None, None, None, *out)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression: Any = None,
+                      op: Optional[int] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = None) -> List[Any]:
+    rop = C.resolve_op(op, average)
+    if (rop in (Average, Sum) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors)):
+        return list(_GroupedAllreduceFunction.apply(name, rop, prescale_factor,
+                                                    postscale_factor, process_set, *tensors))
+    return _grouped_allreduce(tensors, False, None, name, rop, prescale_factor,
+                              postscale_factor, process_set, compression).synchronize()
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[int] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = None) -> List[Any]:
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                    postscale_factor, process_set).synchronize()
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
+                           op: Optional[int] = None, process_set: Any = None) -> Handle:
+    """Reduces a sparse COO tensor: its indices and values are allgathered and summed into
+    a sparse result (averaged for ``op=Average``)."""
+    rop = C.resolve_op(op, None)
+    if rop not in (Average, Sum):
+        raise FastPSError("sparse_allreduce supports op=Average and op=Sum only")
+    ps = _process_set(process_set)
+    base = tensor.detach().coalesce()
+    label = name or "sparse_allreduce"
+    names = C._group_names(ps, name, 2)
+    indices = _allgather_op(base.indices().t().contiguous(), names[0], ps)
+    values = _allgather_op(base.values().contiguous(), names[1], ps)
+
+    def finish() -> torch.Tensor:
+        idx = indices.synchronize().t()
+        vals = values.synchronize()
+        if rop == Average:
+            vals = vals / ps.size()
+        return torch.sparse_coo_tensor(idx, vals, base.shape).coalesce()
+
+    return Handle(label, [indices, values], finish)
 
 
 # --------------------------------------------------------------------------- allgather
 
 
-def _exchange_counts(name: str, rows: int) -> List[int]:
-    """Every rank's first dimension, in rank order (one small blocking push_pull)."""
-    counts = torch.zeros(fastps.size(), dtype=torch.int64)
-    counts[fastps.rank()] = rows
-    submit(counts, counts, "int64", f"{name}.counts", 0, 1.0).synchronize()
-    return [int(c) for c in counts.tolist()]
+def _allgather_op(tensor: torch.Tensor, name: Optional[str], process_set: Any,
+                  counts: Optional[List[int]] = None) -> Handle:
+    arr, dtype = _host(tensor, name or "allgather")
+    cop = C.allgather_async(arr, dtype, name, _process_set(process_set))
 
+    def finish() -> torch.Tensor:
+        data, rows = cop.synchronize()
+        if counts is not None:
+            counts[:] = rows
+        return _tensor(data, dtype, tensor)
 
-def _allgather_start(tensor: torch.Tensor, name: Optional[str]) -> Tuple[Handle, List[int]]:
-    name = _name(name, "allgather")
-    dtype = core_dtype(tensor, name)
-    base = tensor.detach()
-    if base.dim() == 0:
-        base = base.reshape(1)
-    counts = _exchange_counts(name, base.shape[0])
-    rank = fastps.rank()
-    total = sum(counts)
-    offset = sum(counts[:rank])
-    buf = torch.zeros((total, *base.shape[1:]), dtype=base.dtype, device=base.device)
-    buf[offset:offset + counts[rank]].copy_(base)
-    # The total is part of the name: calls with other totals are other tensors to the core.
-    part = submit(buf, buf, dtype, f"{name}.rows{total}", 0, 1.0)
-    return Handle(name, [part], lambda: buf), counts
+    return Handle(cop.name, [cop], finish)
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Any = None) -> Handle:
     """Starts concatenating every rank's ``tensor`` along the first dimension (which may
-    differ between ranks; the other dimensions must agree). The first dimensions are
-    exchanged before this returns."""
-    _check_process_set(process_set)
-    return _allgather_start(tensor, name)[0]
+    differ between ranks; the other dimensions must agree)."""
+    return _allgather_op(tensor, name, process_set)
 
 
 class _AllgatherFunction(torch.autograd.Function):
-    """Differentiable allgather: each rank's gradient is the sum over ranks of the
-    gradient of its rows (the gradient of the sum of every rank's loss)."""
+    """Differentiable allgather: each rank's gradient is its rows of the averaged gradient."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
-        handle, counts = _allgather_start(tensor, name)
-        rank = fastps.rank()
-        ctx.slice = (sum(counts[:rank]), counts[rank])
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str],
+                process_set: Any) -> torch.Tensor:
+        counts: List[int] = []
+        out = _allgather_op(tensor, name, process_set, counts).synchronize()
+        ps = _process_set(process_set)
+        me = ps.rank()
+        ctx.slice = (sum(counts[:me]), counts[me])
         ctx.shape = tensor.shape
         ctx.name = name
-        return handle.synchronize()
+        ctx.process_set = process_set
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         grad_name = f"{ctx.name}.grad" if ctx.name else None
-        summed = _allreduce_start(grad.contiguous(), False, grad_name, Sum, 1.0, 1.0, None,
-                                  0).synchronize()
+        averaged = _allreduce_op(grad.contiguous(), False, grad_name, Average, 1.0, 1.0,
+                                 ctx.process_set, None, 0).synchronize()
         start, length = ctx.slice
-        return summed.narrow(0, start, length).reshape(ctx.shape), None
+        return averaged.narrow(0, start, length).reshape(ctx.shape), None, None
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: Any = None) -> torch.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank order."""
-    _check_process_set(process_set)
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _AllgatherFunction.apply(tensor, name)
-    return _allgather_start(tensor, name)[0].synchronize()
+        return _AllgatherFunction.apply(tensor, name, process_set)
+    return _allgather_op(tensor, name, process_set).synchronize()
 
 
-def _reduce_by_gather(
-    tensor: torch.Tensor,
-    inplace: bool,
-    name: Optional[str],
-    op: ReduceOp,
-    prescale_factor: float,
-    postscale_factor: float,
-) -> Handle:
-    """Min, Max and Product: gather every rank's tensor, reduce locally."""
-    name = _name(name, "allreduce")
-    core_dtype(tensor, name)
-    base = tensor.detach()
-    if prescale_factor != 1.0:
-        base = base * prescale_factor
-    gathered, _ = _allgather_start(base.reshape(1, *base.shape), f"{name}.{op.name.lower()}")
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: Any = None) -> Handle:
+    ps = _process_set(process_set)
+    names = C._group_names(ps, name, len(tensors))
+    handles = [_allgather_op(t, n, ps) for t, n in zip(tensors, names)]
+    return _group(name or "grouped_allgather", handles)
 
-    def finish() -> torch.Tensor:
-        stacked = gathered.synchronize()
-        if op == Min:
-            result = stacked.amin(dim=0) if stacked.dtype != torch.bool else stacked.all(dim=0)
-        elif op == Max:
-            result = stacked.amax(dim=0) if stacked.dtype != torch.bool else stacked.any(dim=0)
-        else:
-            result = stacked.prod(dim=0).to(stacked.dtype)
-        if postscale_factor != 1.0:
-            result = result * postscale_factor
-        if inplace:
-            tensor.detach().copy_(result)
-            return tensor
-        return result.to(tensor.dtype)
 
-    return Handle(name, [gathered], finish)
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: Any = None) -> List[torch.Tensor]:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        ps = _process_set(process_set)
+        names = C._group_names(ps, name, len(tensors))
+        return [_AllgatherFunction.apply(t, n, process_set) for t, n in zip(tensors, names)]
+    return grouped_allgather_async(tensors, name, process_set).synchronize()
 
 
 # --------------------------------------------------------------------------- broadcast
 
 
-def _check_root(root_rank: int) -> None:
-    size = fastps.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        raise FastPSError(f"root_rank {root_rank!r} is not a rank of this job (size {size})")
-
-
-def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
-                     inplace: bool) -> Handle:
-    _check_root(root_rank)
-    name = _name(name, "broadcast")
-    dtype = core_dtype(tensor, name)
-    base = tensor.detach()
-    root = fastps.rank() == root_rank
-    if inplace:
-        work = base if base.is_contiguous() else base.contiguous()
-        if not root:
-            work.zero_()
-        src = dst = work
-    elif root:
-        src = base if base.is_contiguous() else base.contiguous()
-        dst = torch.empty_like(src, memory_format=torch.contiguous_format)
-    else:
-        src = dst = torch.zeros_like(base, memory_format=torch.contiguous_format)
-    part = submit(src, dst, dtype, name, 0, 1.0)
+def _broadcast_op(tensor: torch.Tensor, root_rank: int, name: Optional[str], inplace: bool,
+                  process_set: Any) -> Handle:
+    arr, dtype = _host(tensor, name or "broadcast")
+    out = arr if inplace and tensor.device.type == "cpu" and arr.flags.writeable and \
+        arr.ctypes.data == tensor.data_ptr() else None
+    cop = C.broadcast_async(arr, dtype, root_rank, name, _process_set(process_set), out=out)
 
     def finish() -> torch.Tensor:
+        result = _tensor(cop.synchronize(), dtype, tensor).view(tensor.shape)
         if inplace:
-            if dst.data_ptr() != base.data_ptr():
-                base.copy_(dst)
+            if result.data_ptr() != tensor.data_ptr():
+                tensor.detach().copy_(result)
             return tensor
-        return dst
+        return result
 
-    return Handle(name, [part], finish)
+    return Handle(cop.name, [cop], finish)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: Any = None) -> Handle:
     """Starts copying ``root_rank``'s ``tensor`` to every rank (into a new tensor)."""
-    _check_process_set(process_set)
-    return _broadcast_start(tensor, root_rank, name, False)
+    return _broadcast_op(tensor, root_rank, name, False, process_set)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = None) -> Handle:
     """In-place :func:`broadcast_async`: every rank's ``tensor`` receives the root's."""
-    _check_process_set(process_set)
-    return _broadcast_start(tensor, root_rank, name, True)
+    return _broadcast_op(tensor, root_rank, name, True, process_set)
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """Differentiable broadcast: the root receives the sum of every rank's gradient, the
-    other ranks zero."""
+    """Differentiable broadcast: the root receives the averaged gradient, the others zero."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
-                name: Optional[str]) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str],
+                process_set: Any) -> torch.Tensor:
         ctx.root_rank = root_rank
         ctx.name = name
-        return _broadcast_start(tensor, root_rank, name, False).synchronize()
+        ctx.process_set = process_set
+        return _broadcast_op(tensor, root_rank, name, False, process_set).synchronize()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         grad_name = f"{ctx.name}.grad" if ctx.name else None
-        summed = _allreduce_start(grad.contiguous(), False, grad_name, Sum, 1.0, 1.0, None,
-                                  0).synchronize()
+        averaged = _allreduce_op(grad.contiguous(), False, grad_name, Average, 1.0, 1.0,
+                                 ctx.process_set, None, 0).synchronize()
         if fastps.rank() != ctx.root_rank:
-            summed = torch.zeros_like(summed)
-        return summed, None, None
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: Any = None) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank."""
-    _check_process_set(process_set)
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _BroadcastFunction.apply(tensor, root_rank, name)
-    return _broadcast_start(tensor, root_rank, name, False).synchronize()
+        return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+    return _broadcast_op(tensor, root_rank, name, False, process_set).synchronize()
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -643,26 +607,155 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
     return broadcast_async_(tensor, root_rank, name, process_set).synchronize()
 
 
+# --------------------------------------------------------------------------- alltoall
+
+
+def _splits_list(splits: Any) -> Optional[List[int]]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"alltoall splits must be an int32/int64 tensor, got {splits.dtype}")
+        return [int(s) for s in splits.cpu().tolist()]
+    return [int(s) for s in splits]
+
+
+def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
+                 process_set: Any) -> Handle:
+    arr, dtype = _host(tensor, name or "alltoall")
+    cop = C.alltoall_async(arr, dtype, _splits_list(splits), name, _process_set(process_set))
+
+    def finish() -> Tuple[torch.Tensor, torch.Tensor]:
+        data, received = cop.synchronize()
+        return _tensor(data, dtype, tensor), torch.tensor(received, dtype=torch.int32)
+
+    return Handle(cop.name, [cop], finish)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+                   process_set: Any = None) -> Handle:
+    """Starts sending ``splits[j]`` rows to rank j; the result is (tensor, received splits)."""
+    return _alltoall_op(tensor, splits, name, process_set)
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    """Differentiable alltoall: gradients travel back along the received splits."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str],
+                process_set: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        out, received = _alltoall_op(tensor, splits, name, process_set).synchronize()
+        ctx.received = received
+        ctx.name = name
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> Tuple[Any, ...]:
+        grad_name = f"{ctx.name}.grad" if ctx.name else None
+        back, _ = _alltoall_op(grad.contiguous(), ctx.received, grad_name,
+                               ctx.process_set).synchronize()
+        return back, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+             process_set: Any = None) -> Any:
+    """Returns (rows received from every rank, concatenated; splits received) when
+    ``splits`` is given, else only the tensor (Horovod's two forms)."""
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        out, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
+    else:
+        out, received = _alltoall_op(tensor, splits, name, process_set).synchronize()
+    return out if splits is None else (out, received)
+
+
+# --------------------------------------------------------------------------- reducescatter
+
+
+def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
+                      prescale: float, postscale: float, process_set: Any) -> Handle:
+    arr, dtype = _host(tensor, name or "reducescatter")
+    cop = C.reducescatter_async(arr, dtype, name, op, prescale, postscale,
+                                _process_set(process_set))
+    return Handle(cop.name, [cop], lambda: _tensor(cop.synchronize(), dtype, tensor))
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
+                        op: Optional[int] = None, process_set: Any = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Starts reducing ``tensor`` over the set; each rank keeps its share of the rows."""
+    return _reducescatter_op(tensor, name, C.resolve_op(op, None), prescale_factor,
+                             postscale_factor, process_set)
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    """Differentiable reducescatter: the gradient is the allgathered gradient, scaled as the
+    forward op scaled (times the set size for Sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
+                prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
+        ctx.args = (name, op, prescale, postscale, process_set)
+        return _reducescatter_op(tensor, name, op, prescale, postscale,
+                                 process_set).synchronize()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
+        name, op, prescale, postscale, process_set = ctx.args
+        grad_name = f"{name}.grad" if name else None
+        gathered = _allgather_op(grad.contiguous(), grad_name, process_set).synchronize()
+        factor = prescale * postscale * (_process_set(process_set).size() if op == Sum else 1)
+        return gathered * factor, None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
+                  compression: Any = None, op: Optional[int] = None,
+                  process_set: Any = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    rop = C.resolve_op(op, None)
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _ReducescatterFunction.apply(tensor, name, rop, prescale_factor,
+                                            postscale_factor, process_set)
+    return _reducescatter_op(tensor, name, rop, prescale_factor, postscale_factor,
+                             process_set).synchronize()
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                                op: Optional[int] = None, process_set: Any = None,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    rop = C.resolve_op(op, None)
+    ps = _process_set(process_set)
+    names = C._group_names(ps, name, len(tensors))
+    handles = [_reducescatter_op(t, n, rop, prescale_factor, postscale_factor, ps)
+               for t, n in zip(tensors, names)]
+    return _group(name or "grouped_reducescatter", handles)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                          compression: Any = None, op: Optional[int] = None,
+                          process_set: Any = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    rop = C.resolve_op(op, None)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        ps = _process_set(process_set)
+        names = C._group_names(ps, name, len(tensors))
+        return [_ReducescatterFunction.apply(t, n, rop, prescale_factor, postscale_factor,
+                                             process_set) for t, n in zip(tensors, names)]
+    return grouped_reducescatter_async(tensors, name, rop, process_set, prescale_factor,
+                                       postscale_factor).synchronize()
+
+
 # --------------------------------------------------------------------------- join, barrier
 
-_JOIN_NAME = "fastps.torch.join"
 
-
-def join(device: int = -1) -> int:
-    """Blocks until every rank has called ``join`` and returns the rank that joined last.
-
-    "Last" is judged by each rank's wall clock when it entered ``join`` (clocks of
-    different machines are assumed close). Unlike Horovod, ranks that joined early do not
-    take part in other ranks' collectives in the meantime: every rank must have finished
-    its collectives before calling ``join`` (``device`` is accepted and ignored).
-    """
-    stamps = torch.zeros(fastps.size(), dtype=torch.float64)
-    stamps[fastps.rank()] = time.time()
-    submit(stamps, stamps, "float64", _JOIN_NAME, 0, 1.0).synchronize()
-    return int(torch.argmax(stamps).item())
+def join(device: int = -1, process_set: Any = None) -> int:
+    """Waits until every rank joined; meanwhile this rank stands in with zeros for the
+    others' allreduces (no rows for allgathers). Returns the rank that joined last."""
+    return C.join(_process_set(process_set))
 
 
 def barrier(process_set: Any = None) -> None:
-    """Returns once every rank has called ``barrier``."""
-    _check_process_set(process_set)
-    fastps.barrier()
+    """Returns once every rank of the set has called ``barrier``."""
+    C.barrier(_process_set(process_set))

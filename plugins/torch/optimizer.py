@@ -29,18 +29,29 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Type
 
-import fastps
 import numpy as np
 import torch
 from fastps import api as _api
+from fastps import collectives as _collectives
 from fastps.errors import FastPSError
 
 from .compression import Compression
 from .functions import check_same_tensors
-from .ops import Average, Handle, ReduceOp, Sum, _allreduce_start, _resolve_op
+from .ops import (
+    Average,
+    Handle,
+    ReduceOp,
+    Sum,
+    _allreduce_op,
+    _allreduce_start,
+    _resolve_op,
+    global_process_set,
+    sparse_allreduce_async,
+)
 from .priority import ForwardOrder
 
 __all__ = ["DistributedOptimizer"]
@@ -82,8 +93,12 @@ class _GradientSync:
         backward_passes_per_step: int,
         op: ReduceOp,
         gradient_predivide_factor: float,
+        process_set: Any = None,
+        sparse_as_dense: bool = False,
     ) -> None:
         self.names = names
+        self.process_set = process_set
+        self.sparse_as_dense = sparse_as_dense
         self.compression = compression
         self.passes_per_step = backward_passes_per_step
         self.op = op
@@ -92,7 +107,12 @@ class _GradientSync:
             self.postscale = gradient_predivide_factor
         else:
             self.prescale = self.postscale = 1.0
-        self.active = fastps.size() > 1
+        ps = process_set or global_process_set
+        # A rank outside the set trains on its own gradients (Horovod's behaviour).
+        self.active = ps.included() and ps.size() > 1
+        # The global set's gradients go straight to the core; other sets through the
+        # collective layer (their data is relayed, see fastps.collectives).
+        self.direct = ps is global_process_set
         self.lock = threading.RLock()
         self.entries: List[_Entry] = []
         self.by_id: Dict[int, _Entry] = {}
@@ -120,7 +140,15 @@ class _GradientSync:
         for pi, p in enumerate(params):
             if id(p) in self.by_id:
                 continue
-            name = self.names.get(id(p)) or f"param.{group_index}.{pi}"
+            name = self.names.get(id(p))
+            if name is None and self.names:
+                raise ValueError(
+                    "DistributedOptimizer: named_parameters was given but does not name "
+                    f"parameter {pi} of param group {group_index} "
+                    f"({str(p.dtype).replace('torch.', '')}{list(p.shape)}); pass all of "
+                    "model.named_parameters()"
+                )
+            name = name or f"param.{group_index}.{pi}"
             e = _Entry(GRAD_PREFIX + name, p, len(self.entries))
             self.entries.append(e)
             self.by_id[id(p)] = e
@@ -152,7 +180,7 @@ class _GradientSync:
             seen[e.name] = e
         if self.active:
             check_same_tensors([(e.name[len(GRAD_PREFIX):], e.param) for e in self.entries],
-                               "DistributedOptimizer")
+                               "DistributedOptimizer", self.process_set)
 
     def close(self) -> None:
         for e in self.entries:
@@ -211,7 +239,12 @@ class _GradientSync:
         mine = np.array([self._learned_priority(e) for e in self.entries], dtype=np.int64)
         name = f"fastps.priorities.{self.sync_id}.{self.agreements}"
         self.agreements += 1
-        agreed = _api.broadcast(mine, 0, name=name)
+        if self.direct:
+            agreed = _api.broadcast(mine, 0, name=name)
+        else:  # among the process set's ranks only, from its first rank
+            ps = self.process_set
+            agreed = _collectives.broadcast_async(mine, "int64", ps.ranks[0], name,
+                                                  ps).synchronize()
         self.agreed = [int(p) for p in agreed]
 
     def _start(self, e: _Entry) -> None:
@@ -224,10 +257,39 @@ class _GradientSync:
             grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             p.grad = grad
         elif grad.layout != torch.strided:
+            if not self.sparse_as_dense:
+                e.handle = self._sparse(e, grad)
+                return
             grad = grad.to_dense()
             p.grad = grad
-        e.handle = _allreduce_start(grad, True, e.name, self.op, self.prescale, self.postscale,
-                                    self.compression, self.priority(e))
+            # Reduced densely, handed back sparse: sparse-only optimizers keep working.
+            dense = self._dense(e, grad)
+            e.handle = Handle(e.name, [dense], lambda: self._resparse(e, dense))
+            return
+        e.handle = self._dense(e, grad)
+
+    def _resparse(self, e: _Entry, dense: Handle) -> torch.Tensor:
+        dense.synchronize()
+        e.param.grad = e.param.grad.to_sparse()
+        return e.param.grad
+
+    def _dense(self, e: _Entry, grad: torch.Tensor) -> Handle:
+        if self.direct:
+            return _allreduce_start(grad, True, e.name, self.op, self.prescale,
+                                    self.postscale, self.compression, self.priority(e))
+        return _allreduce_op(grad, True, e.name, self.op, self.prescale, self.postscale,
+                             self.process_set, self.compression, self.priority(e))
+
+    def _sparse(self, e: _Entry, grad: torch.Tensor) -> Handle:
+        """A sparse gradient stays sparse: indices and values are gathered and summed."""
+        inner = sparse_allreduce_async(grad, e.name, self.op, self.process_set)
+
+        def finish() -> torch.Tensor:
+            result = inner.synchronize()
+            e.param.grad = result
+            return result
+
+        return Handle(e.name, [inner], finish)
 
     def in_flight(self) -> List[str]:
         return [e.name[len(GRAD_PREFIX):] for e in self.entries if e.handle is not None]
@@ -267,6 +329,14 @@ class _DistributedMixin:
         """Waits for every gradient's push_pull (unless inside ``skip_synchronize()`` or
         after an explicit ``synchronize()``), then runs the wrapped optimizer's step."""
         sync = self._fastps
+        if sync.should_synchronize and sync.synchronized and sync.active:
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                "consider using optimizer.skip_synchronize() context if you use "
+                "optimizer.synchronize() in your code.",
+                stacklevel=2,
+            )
         if sync.should_synchronize and not sync.synchronized:
             sync.synchronize()
         sync.synchronized = False
@@ -327,6 +397,11 @@ class _DistributedMixin:
         first): the forward order learned in the first iteration."""
         return self._fastps.parameter_order()
 
+    @property
+    def _parameter_names(self) -> Dict[torch.Tensor, str]:
+        """Horovod's mapping of each parameter to the name its gradient travels under."""
+        return {e.param: e.name[len(GRAD_PREFIX):] for e in self._fastps.entries}
+
 
 # The wrapped class's step is already instrumented by torch (step hooks, profiling); keep
 # torch from instrumenting this one too, or step hooks would run twice.
@@ -384,7 +459,8 @@ def DistributedOptimizer(
     ``op``: ``Average`` (default) or ``Sum``. ``gradient_predivide_factor``: with Average,
     gradients are divided by this factor before the sum and by ``size/factor`` after.
     ``num_groups``/``groups`` (Horovod's manual fusion) are accepted and ignored: the core
-    partitions and schedules tensors itself. Sparse gradients are always sent densely.
+    partitions and schedules tensors itself. ``sparse_as_dense``: sparse gradients are made
+    dense first; otherwise they stay sparse (indices and values gathered and summed).
 
     The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
     """
@@ -401,9 +477,7 @@ def DistributedOptimizer(
         raise ValueError("gradient_predivide_factor requires op=Average")
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be positive")
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise FastPSError("fastps supports only the global process set (all ranks)")
-    del num_groups, groups, sparse_as_dense
+    del num_groups, groups
 
     sync = _GradientSync(
         _parameter_names(named_parameters),
@@ -412,6 +486,8 @@ def DistributedOptimizer(
         int(backward_passes_per_step),
         rop,
         float(gradient_predivide_factor),
+        process_set,
+        bool(sparse_as_dense),
     )
     cls: Any = _distributed_class(type(optimizer))
     wrapped = cls.__new__(cls)

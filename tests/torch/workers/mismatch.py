@@ -4,7 +4,8 @@ Usage: mismatch.py MODE
   extra     rank 1's model has an extra layer (DistributedOptimizer)
   shape     one layer's shape differs on rank 1 (DistributedOptimizer)
   params    rank 1's model has an extra layer (broadcast_parameters)
-  allreduce the same tensor name with different shapes (the core's own check)
+  allreduce the same tensor name with different shapes (the collective layer's check);
+  the job stays usable: the next allreduce works
 
 Prints ``CAUGHT <ExceptionType>: <message>`` and exits 0 when the error arrived; exits 1 if
 the mismatched call returned normally.
@@ -49,6 +50,9 @@ def main() -> int:
             raise SystemExit(f"unknown mode {mode}")
     except hvd.FastPSError as exc:
         print(f"CAUGHT {type(exc).__name__}: {exc}", flush=True)
+        after = hvd.allreduce(torch.ones(3), name="after.mismatch", op=hvd.Sum)
+        assert torch.equal(after, torch.full((3,), float(hvd.size()))), after
+        print("NEXT OP OK", flush=True)
         return 0
     print("NO ERROR", flush=True)
     return 1

@@ -1,0 +1,1 @@
+"""The piece of ``horovod.runner`` Horovod's test helpers import (``util.threads``)."""
