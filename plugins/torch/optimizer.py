@@ -19,12 +19,17 @@ The wrapper: ``DistributedOptimizer(opt)`` returns an object of a subclass of
 *adopts* ``opt``'s state instead of re-running its constructor: both objects share the
 same ``param_groups``, ``state`` and ``defaults``, so state loaded into ``opt`` before
 wrapping is kept, and the wrapped optimizer's code runs unchanged in ``step()``.
+
+Cross-barrier updates (``cross_barrier=True`` or ``FASTPS_CROSS_BARRIER=1``): ``step()``
+returns without waiting and each parameter is updated when the next forward pass reaches
+its module (``cross_barrier.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Type
 
@@ -33,6 +38,7 @@ import torch
 from fastps.errors import FastPSError
 
 from .compression import Compression
+from .cross_barrier import CrossBarrier, coupling, enabled
 from .functions import check_same_tensors
 from .ops import Average, Handle, ReduceOp, Sum, _allreduce_start, _resolve_op
 from .priority import ForwardOrder
@@ -50,7 +56,8 @@ _hook_owner: weakref.WeakValueDictionary[int, _GradientSync] = weakref.WeakValue
 class _Entry:
     """One parameter the optimizer updates."""
 
-    __slots__ = ("name", "param", "index", "passes", "handle", "hook")
+    __slots__ = ("name", "param", "index", "passes", "handle", "hook", "deferred", "grad",
+                 "group")
 
     def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
         self.name = name
@@ -59,6 +66,11 @@ class _Entry:
         self.passes = 0  # backward passes accumulated since the last synchronize
         self.handle: Optional[Handle] = None
         self.hook: Optional[Any] = None
+        # Cross-barrier: step() was called, the update waits for the handle's sum into
+        # ``grad`` and will use the hyperparameters of param group ``group``.
+        self.deferred = False
+        self.grad: Optional[torch.Tensor] = None
+        self.group = -1
 
 
 class _GradientSync:
@@ -89,6 +101,7 @@ class _GradientSync:
         self.order = ForwardOrder([])
         self.should_synchronize = True
         self.synchronized = False
+        self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
         try:
             for gi, group in enumerate(groups):
                 self.add_group(gi, group["params"], check=False)
@@ -138,6 +151,8 @@ class _GradientSync:
                                "DistributedOptimizer")
 
     def close(self) -> None:
+        if self.cross is not None:
+            self.cross.close()
         for e in self.entries:
             if e.hook is not None:
                 e.hook.remove()
@@ -167,6 +182,8 @@ class _GradientSync:
         if e is None or _hook_owner.get(id(param)) is not self:
             return
         with self.lock:
+            if self.cross is not None:
+                self.cross.check_gradient(e)
             if e.handle is not None:
                 raise FastPSError(
                     f"the gradient of '{e.name[len(GRAD_PREFIX):]}' was computed more than "
@@ -192,15 +209,24 @@ class _GradientSync:
                                     self.compression, self.priority(e))
 
     def in_flight(self) -> List[str]:
-        return [e.name[len(GRAD_PREFIX):] for e in self.entries if e.handle is not None]
+        """Gradients being averaged for a step() not yet called."""
+        return [e.name[len(GRAD_PREFIX):] for e in self.entries
+                if e.handle is not None and not e.deferred]
+
+    def start_missing(self) -> None:
+        """Starts the push_pull of every gradient whose hook has not (fewer backward
+        passes than expected, parameters without a gradient)."""
+        missing = [e for e in self.entries if e.handle is None and e.param.requires_grad]
+        missing.sort(key=self.priority, reverse=True)
+        for e in missing:
+            self._start(e)
 
     def synchronize(self) -> None:
         if self.active:
             with self.lock:
-                missing = [e for e in self.entries if e.handle is None and e.param.requires_grad]
-                missing.sort(key=self.priority, reverse=True)
-                for e in missing:
-                    self._start(e)
+                if self.cross is not None:
+                    self.cross.finish()  # the previous step's updates come first
+                self.start_missing()
                 pending = [e for e in self.entries if e.handle is not None]
             pending.sort(key=self.priority, reverse=True)
             try:
@@ -227,16 +253,55 @@ class _DistributedMixin:
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Waits for every gradient's push_pull (unless inside ``skip_synchronize()`` or
-        after an explicit ``synchronize()``), then runs the wrapped optimizer's step."""
+        after an explicit ``synchronize()``), then runs the wrapped optimizer's step.
+
+        With cross-barrier updates, returns at once instead: each parameter is updated
+        when its sum has arrived and, at the latest, before its module's next forward."""
         sync = self._fastps
+        cross = sync.cross
+        if (cross is not None and closure is None and sync.should_synchronize
+                and not sync.synchronized and cross.usable(self)):
+            cross.defer_step(self)
+            return None
         if sync.should_synchronize and not sync.synchronized:
             sync.synchronize()
+        elif cross is not None:
+            cross.finish()
         sync.synchronized = False
         return super().step(closure)  # type: ignore[misc]
 
+    def _step_on(self, groups: List[Dict[str, Any]]) -> None:
+        """Runs the wrapped optimizer's step on ``groups`` (a subset of the parameters with
+        their step's hyperparameters) instead of ``param_groups``."""
+        saved = self.__dict__["param_groups"]
+        self.__dict__["param_groups"] = groups
+        try:
+            super().step()  # type: ignore[misc]
+        finally:
+            self.__dict__["param_groups"] = saved
+
     def synchronize(self) -> None:
-        """Finishes averaging every gradient now (e.g. before clipping them)."""
+        """Finishes averaging every gradient now (e.g. before clipping them); with
+        cross-barrier updates it first applies every update a previous step deferred, so
+        afterwards parameters and optimizer state may be read directly."""
         self._fastps.synchronize()
+
+    def state_dict(self) -> Dict[str, Any]:
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
+        return super().state_dict()  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    @property
+    def cross_barrier(self) -> bool:
+        """True if step() defers updates to the next forward pass."""
+        return self._fastps.cross is not None
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -265,12 +330,16 @@ class _DistributedMixin:
                 f"({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''}): call it before "
                 "loss.backward() or after optimizer.step()/synchronize()"
             )
+        if sync.cross is not None:
+            sync.cross.detach_grads(set_to_none)
         sync.reset_passes()
         super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        super().add_param_group(param_group)  # type: ignore[misc]
         sync = self.__dict__.get("_fastps")
+        if sync is not None and sync.cross is not None:
+            sync.cross.finish()
+        super().add_param_group(param_group)  # type: ignore[misc]
         if sync is not None:
             groups = self.param_groups  # type: ignore[attr-defined]
             sync.add_group(len(groups) - 1, groups[-1]["params"])
@@ -336,6 +405,7 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: Any = None,
+    cross_barrier: Optional[bool] = None,
 ) -> Any:
     """Wraps ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
@@ -347,6 +417,10 @@ def DistributedOptimizer(
     gradients are divided by this factor before the sum and by ``size/factor`` after.
     ``num_groups``/``groups`` (Horovod's manual fusion) are accepted and ignored: the core
     partitions and schedules tensors itself. Sparse gradients are always sent densely.
+    ``cross_barrier`` (default: ``FASTPS_CROSS_BARRIER``, off): ``step()`` returns without
+    waiting; each parameter is updated as its sum arrives and before its module's next
+    forward pass (``cross_barrier.py``). Optimizers whose step may couple parameters keep
+    synchronous steps, with a warning.
 
     The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
     """
@@ -366,6 +440,13 @@ def DistributedOptimizer(
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
         raise FastPSError("fastps supports only the global process set (all ranks)")
     del num_groups, groups, sparse_as_dense
+    deferred = enabled(cross_barrier)
+    if deferred:
+        why = coupling(type(optimizer))
+        if why is not None:
+            warnings.warn(f"fastps: cross-barrier updates off: {why}; step() waits for every "
+                          "gradient", stacklevel=2)
+            deferred = False
 
     sync = _GradientSync(
         _parameter_names(named_parameters),
@@ -381,5 +462,7 @@ def DistributedOptimizer(
         {k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP}
     )
     wrapped._fastps = sync
+    if deferred and sync.active:
+        sync.cross = CrossBarrier(sync, wrapped, cls._step_on)
     weakref.finalize(wrapped, sync.close)
     return wrapped
