@@ -235,13 +235,26 @@ class CrossBarrier:
             with self._sync.lock:
                 self._apply(list(self.pending.values()))
 
-    def detach_grads(self, set_to_none: bool) -> None:
-        """``zero_grad()``: parameters whose update still needs their gradient get a fresh
-        one (or none); the pending update keeps the old tensor."""
+    def hold_grads(self, set_to_none: bool) -> List[Any]:
+        """``zero_grad()`` must not touch a gradient a pending update still needs. With
+        ``set_to_none`` the parameter lets go of it (the entry keeps it); otherwise it is
+        zeroed in place right after its update — before the module's forward, so before
+        any new gradient accumulates into it. Returns what to give back after the wrapped
+        optimizer's zero_grad ran on the other parameters."""
+        held = []
         for e in self.pending.values():
             p = e.param
             if p.grad is not None and p.grad is e.grad:
-                p.grad = None if set_to_none else torch.zeros_like(e.grad)
+                p.grad = None
+                if not set_to_none:
+                    e.zero = True
+                    held.append((p, e.grad))
+        return held
+
+    @staticmethod
+    def give_back(held: List[Any]) -> None:
+        for p, grad in held:
+            p.grad = grad
 
     # ------------------------------------------------------------------------ applying
 
@@ -258,10 +271,14 @@ class CrossBarrier:
             raise
         by_group: Dict[int, List[torch.Tensor]] = {}
         swapped = []
+        zero = []
         for e in batch:
             self.pending.pop(id(e.param), None)
             e.deferred = False
             grad, e.grad = e.grad, None
+            if e.zero:
+                e.zero = False
+                zero.append(grad)
             if e.group < 0:
                 continue  # removed from every param group: the synchronous step skips it too
             p = e.param
@@ -271,17 +288,20 @@ class CrossBarrier:
             by_group.setdefault(e.group, []).append(p)
         if not self.pending:
             self._idle()
-        if not by_group:
-            return
-        groups = [dict(self._groups[gi], params=ps) for gi, ps in sorted(by_group.items())]
-        optimizer = self._optimizer()
-        if optimizer is None:  # pragma: no cover - kept alive by _keep while updates pend
-            raise FastPSError("the optimizer was garbage-collected with updates pending")
         try:
-            self._step_on(optimizer, groups)
+            if by_group:
+                groups = [dict(self._groups[gi], params=ps)
+                          for gi, ps in sorted(by_group.items())]
+                optimizer = self._optimizer()
+                if optimizer is None:  # pragma: no cover - _keep holds it while updates pend
+                    raise FastPSError("the optimizer was garbage-collected with updates pending")
+                self._step_on(optimizer, groups)
         finally:
             for p, grad in swapped:
                 p.grad = grad
+            with torch.no_grad():
+                for grad in zero:  # zero_grad(set_to_none=False) came while it pended
+                    grad.zero_()
 
     def _idle(self) -> None:
         self._keep = None
@@ -292,6 +312,7 @@ class CrossBarrier:
     def _drop(self) -> None:
         for e in self.pending.values():
             e.deferred = False
+            e.zero = False
             e.grad = None
             e.handle = None
         self.pending.clear()

@@ -57,7 +57,7 @@ class _Entry:
     """One parameter the optimizer updates."""
 
     __slots__ = ("name", "param", "index", "passes", "handle", "hook", "deferred", "grad",
-                 "group")
+                 "group", "zero")
 
     def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
         self.name = name
@@ -71,6 +71,7 @@ class _Entry:
         self.deferred = False
         self.grad: Optional[torch.Tensor] = None
         self.group = -1
+        self.zero = False  # zero ``grad`` in place once the update is applied
 
 
 class _GradientSync:
@@ -330,10 +331,15 @@ class _DistributedMixin:
                 f"({', '.join(busy[:3])}{', ...' if len(busy) > 3 else ''}): call it before "
                 "loss.backward() or after optimizer.step()/synchronize()"
             )
-        if sync.cross is not None:
-            sync.cross.detach_grads(set_to_none)
         sync.reset_passes()
-        super().zero_grad(set_to_none)  # type: ignore[misc]
+        if sync.cross is None:
+            super().zero_grad(set_to_none)  # type: ignore[misc]
+            return
+        held = sync.cross.hold_grads(set_to_none)
+        try:
+            super().zero_grad(set_to_none)  # type: ignore[misc]
+        finally:
+            sync.cross.give_back(held)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         sync = self.__dict__.get("_fastps")
