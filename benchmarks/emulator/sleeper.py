@@ -6,8 +6,9 @@ layer's forward time; the Function's backward sleeps for the layer's backward ti
 a deterministic gradient for every parameter (a constant per tensor and rank). So DDP's
 reducer hooks, fastps's gradient hooks and forward pre-hooks see exactly what a real model
 of that shape produces, in the same order and with the same timing, while the process uses
-almost no CPU: the one pass over memory per gradient (filling it) is what a real framework
-also costs on the host.
+almost no CPU: with ``zero_grad(set_to_none=False)`` the gradients live in the same tensors
+every step (zeroed, then the constant added), so no memory is allocated or faulted in per
+step.
 
 A one-element tensor carries the autograd chain from layer to layer.
 """
@@ -22,21 +23,42 @@ import torch
 from .models import ModelSpec, layer_times
 
 
+class _Clock:
+    """Sleeps for compute time. ``time.sleep`` overshoots (by ~0.1 ms idle, more on a busy
+    machine); the overshoot is carried over and taken off the next sleeps, so a pass of
+    hundreds of short layers still lasts what the layers add up to."""
+
+    def __init__(self) -> None:
+        self.carry = 0.0
+
+    def spend(self, seconds: float) -> None:
+        want = seconds - self.carry
+        if want <= 0:
+            self.carry = -want
+            return
+        t0 = time.perf_counter()
+        time.sleep(want)
+        self.carry = time.perf_counter() - t0 - want
+
+
+CLOCK = _Clock()
+
+
 class _Sleep(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, layer: EmulatedLayer,  # type: ignore[override]
                 *params: torch.Tensor) -> torch.Tensor:
         ctx.layer = layer
-        if layer.forward_s > 0:
-            time.sleep(layer.forward_s)
+        CLOCK.spend(layer.forward_s)
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:  # type: ignore[override]
         layer: EmulatedLayer = ctx.layer
-        if layer.backward_s > 0:
-            time.sleep(layer.backward_s)
-        grads = [torch.full_like(p, v) for p, v in zip(layer.param_list, layer.grad_values)]
+        CLOCK.spend(layer.backward_s)
+        # A constant seen through a stride-0 view: autograd adds it into the existing
+        # .grad (zero_grad(set_to_none=False)) without allocating a tensor per step.
+        grads = [v.expand(p.shape) for p, v in zip(layer.param_list, layer.grad_scalars)]
         return (grad, None, *grads)
 
 
@@ -51,6 +73,7 @@ class EmulatedLayer(torch.nn.Module):
         self.forward_s = forward_s
         self.backward_s = backward_s
         self.grad_values = list(grad_values)
+        self.grad_scalars = [torch.tensor(v) for v in grad_values]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Sleep.apply(x, self, *self.param_list)
