@@ -136,7 +136,7 @@ def child_fastps(args: argparse.Namespace) -> None:
     opt = hvd.DistributedOptimizer(sgd(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters())
     cb = opt._fastps.cross
-    res = _train(args, rank, world, model, opt, hvd.barrier, opt.synchronize)
+    res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
     res["cross_barrier"] = cb is not None
     if cb is not None:  # updates that waited past step(), of all updates
         res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))

@@ -174,6 +174,23 @@ def spec(name: str) -> ModelSpec:
     return MODELS[name]()
 
 
+def scaled(model: ModelSpec, scale: float) -> ModelSpec:
+    """The same layers and tensor count with every tensor shrunk to ``scale`` of its
+    elements (1-D, at least one): the Python-side cost of a model without its bytes."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale must be in (0, 1], got {scale}")
+    layers = []
+    for layer in model.layers:
+        params = []
+        for pname, shape in layer.params:
+            n = 1
+            for d in shape:
+                n *= d
+            params.append((pname, (max(1, int(round(n * scale))),)))
+        layers.append(Layer(layer.name, tuple(params), layer.flops))
+    return ModelSpec(model.name, tuple(layers), model.batch, model.unit)
+
+
 def sustained_flops_s() -> float:
     """The FP32 rate ResNet-50 sustains on a V100 in the reference measurement."""
     return 3.0 * resnet50().forward_flops * V100_RESNET50_IMAGES_S

@@ -26,7 +26,7 @@ gradients first; the gain only shows if the first layer's forward pass may start
   ``step()``; a module's ``state_dict``/``load_state_dict`` (hooks on every module that owns a
   parameter); ``zero_grad`` detaches the gradients an update still needs instead of waiting.
   Code that reads ``param.data`` directly, outside any module, must call
-  ``optimizer.synchronize()`` first.
+  ``optimizer.wait_for_updates()`` first.
 
 Gradient clipping keeps its Horovod form (``synchronize()``, clip, ``skip_synchronize()``):
 after ``synchronize()`` every sum is in, and the following ``step()`` updates at once.
@@ -352,5 +352,5 @@ class CrossBarrier:
                 "from the previous optimizer.step() was still pending: with cross-barrier "
                 "updates a parameter must be used in the forward pass of a module that owns "
                 "it (module._parameters), which waits for its update; call "
-                "optimizer.synchronize() before such a use, or pass cross_barrier=False"
+                "optimizer.wait_for_updates() before such a use, or pass cross_barrier=False"
             )

@@ -40,6 +40,7 @@ from fastps.errors import FastPSError
 from .compression import Compression
 from .cross_barrier import CrossBarrier, coupling, enabled
 from .functions import check_same_tensors
+from .heap import freeze_once
 from .ops import Average, Handle, ReduceOp, Sum, _allreduce_start, _resolve_op
 from .priority import ForwardOrder
 
@@ -263,13 +264,18 @@ class _DistributedMixin:
         if (cross is not None and closure is None and sync.should_synchronize
                 and not sync.synchronized and cross.usable(self)):
             cross.defer_step(self)
+            if sync.active:
+                freeze_once()
             return None
         if sync.should_synchronize and not sync.synchronized:
             sync.synchronize()
         elif cross is not None:
             cross.finish()
         sync.synchronized = False
-        return super().step(closure)  # type: ignore[misc]
+        result = super().step(closure)  # type: ignore[misc]
+        if sync.active:
+            freeze_once()  # the long-lived heap exists now (heap.py)
+        return result
 
     def _step_on(self, groups: List[Dict[str, Any]]) -> None:
         """Runs the wrapped optimizer's step on ``groups`` (a subset of the parameters with
@@ -286,6 +292,15 @@ class _DistributedMixin:
         cross-barrier updates it first applies every update a previous step deferred, so
         afterwards parameters and optimizer state may be read directly."""
         self._fastps.synchronize()
+
+    def wait_for_updates(self) -> None:
+        """Applies every update a cross-barrier ``step()`` deferred (waiting for their
+        sums); afterwards parameters and optimizer state may be read directly. Starts no
+        communication (unlike ``synchronize()``, which also averages the current
+        gradients). A no-op without cross-barrier updates."""
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
 
     def state_dict(self) -> Dict[str, Any]:
         cross = self._fastps.cross

@@ -114,6 +114,9 @@ def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor
             seen.append({k: v.clone() for k, v in model.state_dict().items()})
             opt_state = opt.state_dict()
     seen.append({k: v.clone() for k, v in model.state_dict().items()})
+    opt.wait_for_updates()  # then parameters may be read directly
+    assert not (cross and opt._fastps.cross.pending)
+    seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
     if cross:
         cb = opt._fastps.cross
         print(f"DEFERRED {sc['name']} steps={cb.steps} deferred={cb.deferred} "
