@@ -44,7 +44,8 @@ from benchmarks.emulator import models as em  # noqa: E402
 
 FIELDS = ["model", "ratio", "system", "network", "n", "k", "rate_mbit", "goodput_mbit",
           "compute_nominal_s", "compute_s", "bound_s", "ideal_s", "iter_s", "iter_p50_s",
-          "iter_p99_s", "frac_ideal", "speedup_vs_ddp", "deferred_frac", "gc2", "load",
+          "iter_p99_s", "frac_ideal", "speedup_vs_ddp", "deferred_frac", "stall_s", "gc2",
+          "load",
           "status"]
 LR = 0.01
 SYSTEMS = ("fastps-cb", "fastps", "ddp")
@@ -138,8 +139,9 @@ def child_fastps(args: argparse.Namespace) -> None:
     cb = opt._fastps.cross
     res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
     res["cross_barrier"] = cb is not None
-    if cb is not None:  # updates that waited past step(), of all updates
+    if cb is not None:  # updates that waited past step(), of all updates; time blocked
         res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))
+        res["stall_s"] = cb.waited_s / max(1, cb.steps)
     rc.emit_result(res, rank)
     hvd.barrier()
     hvd.shutdown()
@@ -185,6 +187,7 @@ def _summary(res: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
     fracs = [r["deferred_frac"] for r in res.values() if "deferred_frac" in r]
     if fracs:
         out["deferred_frac"] = statistics.mean(fracs)
+        out["stall_s"] = statistics.mean(r["stall_s"] for r in res.values())
     return out
 
 
@@ -294,7 +297,8 @@ class Runner:
             return
         compute = _summary(res)["iter_s"]
         self._add({**base, "system": "compute alone", "k": "", "compute_s": compute,
-                   "iter_s": compute, **_summary(res), "status": "ok"})
+                   "iter_s": compute, **_summary(res), "load": rc.load_text(),
+                   "status": "ok"})
         good = goodput_mbit * 1e6 / 8
         ddp_row: Optional[Dict[str, Any]] = None
         rows: List[Dict[str, Any]] = []
@@ -310,8 +314,9 @@ class Runner:
                 label = {"fastps-cb": "fastps cross-barrier", "fastps": "fastps sync step",
                          "ddp": "DDP-Gloo"}[system]
                 row = {**base, "system": label, "k": k, "compute_s": compute,
-                       "bound_s": bound, "ideal_s": ideal, "load": rc.load_text()}
+                       "bound_s": bound, "ideal_s": ideal}
                 res, err = self.run(rack, system, model, iteration_s, k)
+                row["load"] = rc.load_text()  # 1-minute average: mostly this run
                 if res is None:
                     row["status"] = err
                 else:
@@ -340,10 +345,13 @@ class Runner:
             extra = (f" ideal {row['ideal_s']:.3f} s (bound {row['bound_s']:.3f} s) -> "
                      f"{row['frac_ideal']:.3f} of ideal")
         k = f"k={row['k']}" if row.get("k") != "" else ""
+        if "stall_s" in row:
+            extra += (f"; deferred {100 * row['deferred_frac']:.0f}% of updates, forward "
+                      f"blocked {row['stall_s']:.3f} s/iter")
         print(f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} {k:4s} "
               f"{row['iter_s']:.3f} s/iter (p50 {row['iter_p50_s']:.3f}, p99 "
               f"{row['iter_p99_s']:.3f}; gen-2 gc {row['gc2']}){extra} "
-              f"[load {rc.load_text()}]", flush=True)
+              f"[load {row.get('load', '')}]", flush=True)
 
 
 def _first_error(err: str) -> str:

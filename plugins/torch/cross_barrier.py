@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
@@ -136,6 +137,7 @@ class CrossBarrier:
         self.steps = 0
         self.deferred = 0  # updates that waited past step()
         self.applied_in_forward = 0  # of those, applied by a module's forward pre-hook
+        self.waited_s = 0.0  # time spent blocked on sums that had not arrived
 
     # ------------------------------------------------------------------------ step()
 
@@ -261,6 +263,7 @@ class CrossBarrier:
     def _apply(self, batch: List[_Entry]) -> None:
         if not batch:
             return
+        t0 = time.perf_counter()
         try:
             for e in batch:
                 assert e.handle is not None
@@ -269,6 +272,7 @@ class CrossBarrier:
         except BaseException:
             self._drop()  # the job is failing; do not make every later forward fail too
             raise
+        self.waited_s += time.perf_counter() - t0
         by_group: Dict[int, List[torch.Tensor]] = {}
         swapped = []
         zero = []
