@@ -57,4 +57,5 @@ def test_cross_barrier_equals_synchronous(subprocess_env: Dict[str, str]) -> Non
                   for line in lines_of(res.stdout, "DEFERRED ")]
     assert len(in_forward) == 10 and sum(in_forward) > 0, res.stdout[-6000:]
     assert len(lines_of(res.stdout, "FALLBACK OK")) == 2
+    assert len(lines_of(res.stdout, "GC FROZEN OK")) == 2
     assert len(lines_of(res.stdout, "MISUSE OK")) >= 1, res.stdout[-6000:]

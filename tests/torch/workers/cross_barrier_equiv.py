@@ -10,11 +10,13 @@ backward_passes_per_step=2, AdamW with gradient clipping (synchronize + skip_syn
 some steps, RMSprop on a model where one layer is skipped on odd steps (its update is applied
 at the next step), and a model with a top-level parameter. Also: a coupled optimizer (LBFGS)
 and an unknown one fall back with a warning; FASTPS_CROSS_BARRIER=1 turns it on; a
-parameter used outside its module while its update is pending is an error naming it.
+parameter used outside its module while its update is pending is an error naming it; the
+heap is frozen after the first step (plugins/torch/heap.py).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import warnings
@@ -249,6 +251,9 @@ def misuse() -> None:
 def main() -> None:
     hvd.init()
     equivalence()
+    # heap.py: after the first distributed step the long-lived heap is frozen
+    assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+    print("GC FROZEN OK")
     fallbacks()
     misuse()
     hvd.barrier()
