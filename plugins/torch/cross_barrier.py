@@ -270,7 +270,7 @@ class CrossBarrier:
                 e.handle.synchronize()
                 e.handle = None
         except BaseException:
-            self._drop()  # the job is failing; do not make every later forward fail too
+            self._drop(batch)  # the job is failing; do not make every later forward fail too
             raise
         self.waited_s += time.perf_counter() - t0
         by_group: Dict[int, List[torch.Tensor]] = {}
@@ -313,8 +313,8 @@ class CrossBarrier:
             self._forward_hook.remove()
             self._forward_hook = None
 
-    def _drop(self) -> None:
-        for e in self.pending.values():
+    def _drop(self, batch: List[_Entry]) -> None:
+        for e in [*batch, *self.pending.values()]:
             e.deferred = False
             e.zero = False
             e.grad = None
