@@ -7,11 +7,12 @@ step(), optimizer state_dict, the end), identical optimizer state, and identical
 on every rank. The scenarios cover SGD with momentum and weight decay under an LR scheduler
 that changes lr right after step(), Adam with zero_grad(set_to_none=False) and
 backward_passes_per_step=2, AdamW with gradient clipping (synchronize + skip_synchronize) on
-some steps, RMSprop on a model where one layer is skipped on odd steps (its update is applied
-at the next step), and a model with a top-level parameter. Also: a coupled optimizer (LBFGS)
-and an unknown one fall back with a warning; FASTPS_CROSS_BARRIER=1 turns it on; a
-parameter used outside its module while its update is pending is an error naming it; the
-heap is frozen after the first step (plugins/torch/heap.py).
+some steps, SGD under AMP's GradScaler, RMSprop on a model where one layer is skipped on odd
+steps (its update is applied at the next step), SGD with two param groups, and a model with
+a top-level parameter. Also: a coupled optimizer (LBFGS) and an unknown one fall back with a
+warning; FASTPS_CROSS_BARRIER=1 turns it on; a parameter used outside its module while its
+update is pending is an error naming it; the heap is frozen after the first step
+(plugins/torch/heap.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ SCENARIOS: List[Scenario] = [
      "sched": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)},
     {"name": "rmsprop-skip-layer", "skip_odd": True,
      "opt": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5)},
+    {"name": "sgd-gradscaler", "scaler": True,
+     "opt": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)},
     {"name": "sgd-two-groups",
      "opt": lambda ps: torch.optim.SGD([{"params": ps[:4], "lr": 0.05},
                                         {"params": ps[4:], "lr": 0.3, "momentum": 0.5}],
@@ -93,6 +96,7 @@ def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor
     assert opt.cross_barrier == cross
     sched = sc["sched"](opt) if "sched" in sc else None
     passes = sc.get("passes", 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0) if sc.get("scaler") else None
     seen: List[Dict[str, torch.Tensor]] = []
     opt_state: Dict[str, Any] = {}
     for step, (x, y) in enumerate(data):
@@ -102,8 +106,16 @@ def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor
         for i in range(passes):
             loss = F.cross_entropy(model(x[i * micro:(i + 1) * micro]),
                                    y[i * micro:(i + 1) * micro])
+            if scaler is not None:
+                loss = scaler.scale(loss)
             (loss / passes).backward()
-        if step in sc.get("clip_steps", ()):
+        if scaler is not None:  # AMP: unscale the averaged gradients, then step
+            opt.synchronize()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+        elif step in sc.get("clip_steps", ()):
             opt.synchronize()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
             with opt.skip_synchronize():
