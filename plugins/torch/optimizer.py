@@ -22,6 +22,10 @@ The wrapper: ``DistributedOptimizer(opt)`` returns an object of a subclass of
 *adopts* ``opt``'s state instead of re-running its constructor: both objects share the
 same ``param_groups``, ``state`` and ``defaults``, so state loaded into ``opt`` before
 wrapping is kept, and the wrapped optimizer's code runs unchanged in ``step()``.
+
+Cross-barrier updates (``cross_barrier=True`` or ``FASTPS_CROSS_BARRIER=1``): ``step()``
+returns without waiting and each parameter is updated when the next forward pass reaches
+its module (``cross_barrier.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from fastps import collectives as _collectives
 from fastps.errors import FastPSError
 
 from .compression import Compression
+from .cross_barrier import CrossBarrier, coupling, enabled
 from .functions import check_same_tensors
+from .heap import freeze_once
 from .ops import (
     Average,
     Handle,
@@ -71,7 +77,8 @@ _hook_owner: weakref.WeakValueDictionary[int, _GradientSync] = weakref.WeakValue
 class _Entry:
     """One parameter the optimizer updates."""
 
-    __slots__ = ("name", "param", "index", "passes", "handle", "hook")
+    __slots__ = ("name", "param", "index", "passes", "handle", "hook", "deferred", "grad",
+                 "group", "zero")
 
     def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
         self.name = name
@@ -80,6 +87,12 @@ class _Entry:
         self.passes = 0  # backward passes accumulated since the last synchronize
         self.handle: Optional[Handle] = None
         self.hook: Optional[Any] = None
+        # Cross-barrier: step() was called, the update waits for the handle's sum into
+        # ``grad`` and will use the hyperparameters of param group ``group``.
+        self.deferred = False
+        self.grad: Optional[torch.Tensor] = None
+        self.group = -1
+        self.zero = False  # zero ``grad`` in place once the update is applied
 
 
 class _GradientSync:
@@ -124,6 +137,7 @@ class _GradientSync:
         self.agreements = 0
         self.should_synchronize = True
         self.synchronized = False
+        self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
         try:
             for gi, group in enumerate(groups):
                 self.add_group(gi, group["params"], check=False)
@@ -183,6 +197,8 @@ class _GradientSync:
                                "DistributedOptimizer", self.process_set)
 
     def close(self) -> None:
+        if self.cross is not None:
+            self.cross.close()
         for e in self.entries:
             if e.hook is not None:
                 e.hook.remove()
@@ -218,6 +234,8 @@ class _GradientSync:
         if e is None or _hook_owner.get(id(param)) is not self:
             return
         with self.lock:
+            if self.cross is not None:
+                self.cross.check_gradient(e)
             if e.handle is not None:
                 raise FastPSError(
                     f"the gradient of '{e.name[len(GRAD_PREFIX):]}' was computed more than "
@@ -292,15 +310,24 @@ class _GradientSync:
         return Handle(e.name, [inner], finish)
 
     def in_flight(self) -> List[str]:
-        return [e.name[len(GRAD_PREFIX):] for e in self.entries if e.handle is not None]
+        """Gradients being averaged for a step() not yet called."""
+        return [e.name[len(GRAD_PREFIX):] for e in self.entries
+                if e.handle is not None and not e.deferred]
+
+    def start_missing(self) -> None:
+        """Starts the push_pull of every gradient whose hook has not (fewer backward
+        passes than expected, parameters without a gradient)."""
+        missing = [e for e in self.entries if e.handle is None and e.param.requires_grad]
+        missing.sort(key=self.priority, reverse=True)
+        for e in missing:
+            self._start(e)
 
     def synchronize(self) -> None:
         if self.active:
             with self.lock:
-                missing = [e for e in self.entries if e.handle is None and e.param.requires_grad]
-                missing.sort(key=self.priority, reverse=True)
-                for e in missing:
-                    self._start(e)
+                if self.cross is not None:
+                    self.cross.finish()  # the previous step's updates come first
+                self.start_missing()
                 pending = [e for e in self.entries if e.handle is not None]
             pending.sort(key=self.priority, reverse=True)
             try:
@@ -327,7 +354,10 @@ class _DistributedMixin:
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Waits for every gradient's push_pull (unless inside ``skip_synchronize()`` or
-        after an explicit ``synchronize()``), then runs the wrapped optimizer's step."""
+        after an explicit ``synchronize()``), then runs the wrapped optimizer's step.
+
+        With cross-barrier updates, returns at once instead: each parameter is updated
+        when its sum has arrived and, at the latest, before its module's next forward."""
         sync = self._fastps
         if sync.should_synchronize and sync.synchronized and sync.active:
             warnings.warn(
@@ -337,14 +367,64 @@ class _DistributedMixin:
                 "optimizer.synchronize() in your code.",
                 stacklevel=2,
             )
+        cross = sync.cross
+        if (cross is not None and closure is None and sync.should_synchronize
+                and not sync.synchronized and cross.usable(self)):
+            cross.defer_step(self)
+            if sync.active:
+                freeze_once()
+            return None
         if sync.should_synchronize and not sync.synchronized:
             sync.synchronize()
+        elif cross is not None:
+            cross.finish()
         sync.synchronized = False
-        return super().step(closure)  # type: ignore[misc]
+        result = super().step(closure)  # type: ignore[misc]
+        if sync.active:
+            freeze_once()  # the long-lived heap exists now (heap.py)
+        return result
+
+    def _step_on(self, groups: List[Dict[str, Any]]) -> None:
+        """Runs the wrapped optimizer's step on ``groups`` (a subset of the parameters with
+        their step's hyperparameters) instead of ``param_groups``."""
+        saved = self.__dict__["param_groups"]
+        self.__dict__["param_groups"] = groups
+        try:
+            super().step()  # type: ignore[misc]
+        finally:
+            self.__dict__["param_groups"] = saved
 
     def synchronize(self) -> None:
-        """Finishes averaging every gradient now (e.g. before clipping them)."""
+        """Finishes averaging every gradient now (e.g. before clipping them); with
+        cross-barrier updates it first applies every update a previous step deferred, so
+        afterwards parameters and optimizer state may be read directly."""
         self._fastps.synchronize()
+
+    def wait_for_updates(self) -> None:
+        """Applies every update a cross-barrier ``step()`` deferred (waiting for their
+        sums); afterwards parameters and optimizer state may be read directly. Starts no
+        communication (unlike ``synchronize()``, which also averages the current
+        gradients). A no-op without cross-barrier updates."""
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
+
+    def state_dict(self) -> Dict[str, Any]:
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
+        return super().state_dict()  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        cross = self._fastps.cross
+        if cross is not None:
+            cross.finish()
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    @property
+    def cross_barrier(self) -> bool:
+        """True if step() defers updates to the next forward pass."""
+        return self._fastps.cross is not None
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -374,11 +454,20 @@ class _DistributedMixin:
                 "loss.backward() or after optimizer.step()/synchronize()"
             )
         sync.reset_passes()
-        super().zero_grad(set_to_none)  # type: ignore[misc]
+        if sync.cross is None:
+            super().zero_grad(set_to_none)  # type: ignore[misc]
+            return
+        held = sync.cross.hold_grads(set_to_none)
+        try:
+            super().zero_grad(set_to_none)  # type: ignore[misc]
+        finally:
+            sync.cross.give_back(held)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        super().add_param_group(param_group)  # type: ignore[misc]
         sync = self.__dict__.get("_fastps")
+        if sync is not None and sync.cross is not None:
+            sync.cross.finish()
+        super().add_param_group(param_group)  # type: ignore[misc]
         if sync is not None:
             groups = self.param_groups  # type: ignore[attr-defined]
             sync.add_group(len(groups) - 1, groups[-1]["params"])
@@ -449,6 +538,7 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: Any = None,
+    cross_barrier: Optional[bool] = None,
 ) -> Any:
     """Wraps ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
@@ -461,6 +551,10 @@ def DistributedOptimizer(
     ``num_groups``/``groups`` (Horovod's manual fusion) are accepted and ignored: the core
     partitions and schedules tensors itself. ``sparse_as_dense``: sparse gradients are made
     dense first; otherwise they stay sparse (indices and values gathered and summed).
+    ``cross_barrier`` (default: ``FASTPS_CROSS_BARRIER``, off): ``step()`` returns without
+    waiting; each parameter is updated as its sum arrives and before its module's next
+    forward pass (``cross_barrier.py``). Optimizers whose step may couple parameters keep
+    synchronous steps, with a warning.
 
     The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
     """
@@ -478,6 +572,13 @@ def DistributedOptimizer(
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be positive")
     del num_groups, groups
+    deferred = enabled(cross_barrier)
+    if deferred:
+        why = coupling(type(optimizer))
+        if why is not None:
+            warnings.warn(f"fastps: cross-barrier updates off: {why}; step() waits for every "
+                          "gradient", stacklevel=2)
+            deferred = False
 
     sync = _GradientSync(
         _parameter_names(named_parameters),
@@ -495,5 +596,7 @@ def DistributedOptimizer(
         {k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP}
     )
     wrapped._fastps = sync
+    if deferred and sync.active:
+        sync.cross = CrossBarrier(sync, wrapped, cls._step_on)
     weakref.finalize(wrapped, sync.close)
     return wrapped

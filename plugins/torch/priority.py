@@ -26,6 +26,9 @@ class ForwardOrder:
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
         self._wanted = {id(p) for p in params}
         self._position: Dict[int, int] = {}
+        # Modules whose forward announced a watched parameter (cross-barrier hooks them).
+        self._owners: weakref.WeakValueDictionary[int, torch.nn.Module] = (
+            weakref.WeakValueDictionary())
         ref = weakref.ref(self)
 
         def pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -44,8 +47,10 @@ class ForwardOrder:
             if p is None:
                 continue
             key = id(p)
-            if key in self._wanted and key not in self._position:
-                self._position[key] = len(self._position)
+            if key in self._wanted:
+                self._owners[id(module)] = module
+                if key not in self._position:
+                    self._position[key] = len(self._position)
 
     def add(self, params: Iterable[torch.Tensor]) -> None:
         """Also watch ``params`` (a param group added later)."""
@@ -70,6 +75,10 @@ class ForwardOrder:
         """0 for the first parameter the forward pass used, 1 for the next, ...; None if
         the parameter has not been seen."""
         return self._position.get(id(param))
+
+    def owners(self) -> List[torch.nn.Module]:
+        """The live modules whose forward pass announced a watched parameter."""
+        return list(self._owners.values())
 
     def ranked(self, params: List[torch.Tensor]) -> List[torch.Tensor]:
         """``params`` sorted first-used first; unseen ones last, in their given order."""

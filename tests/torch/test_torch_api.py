@@ -113,6 +113,37 @@ def test_forward_order_recorder_unit() -> None:
     assert order.position(net.unused.weight) is None
 
 
+def test_cross_barrier_options_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FASTPS_CROSS_BARRIER and FASTPS_GC_FREEZE parse 1/0 and name the variable otherwise;
+    the per-parameter check looks through torch's step wrappers and subclasses."""
+    from fastps.torch import cross_barrier, heap
+
+    monkeypatch.delenv("FASTPS_CROSS_BARRIER", raising=False)
+    assert cross_barrier.enabled(None) is False
+    assert cross_barrier.enabled(True) is True
+    monkeypatch.setenv("FASTPS_CROSS_BARRIER", "on")
+    assert cross_barrier.enabled(None) is True
+    assert cross_barrier.enabled(False) is False  # the argument wins
+    monkeypatch.setenv("FASTPS_CROSS_BARRIER", "maybe")
+    with pytest.raises(ValueError, match="FASTPS_CROSS_BARRIER='maybe'"):
+        cross_barrier.enabled(None)
+    with pytest.raises(TypeError, match="cross_barrier"):
+        cross_barrier.enabled(1)  # type: ignore[arg-type]
+    monkeypatch.setenv("FASTPS_GC_FREEZE", "2")
+    with pytest.raises(ValueError, match="FASTPS_GC_FREEZE='2'"):
+        heap._enabled()
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    MyAdam([torch.zeros(1, requires_grad=True)])  # torch puts a wrapped step on MyAdam
+    assert "step" in MyAdam.__dict__
+    for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, MyAdam):
+        assert cross_barrier.coupling(cls) is None, cls
+    assert "LBFGS.step()" in str(cross_barrier.coupling(torch.optim.LBFGS))
+    assert "SparseAdam.step()" in str(cross_barrier.coupling(torch.optim.SparseAdam))
+
+
 def test_compression_unit() -> None:
     import fastps.torch as hvd
 

@@ -39,3 +39,24 @@ def test_cuda_tensors(subprocess_env: Dict[str, str]) -> None:
     res = fastpsrun(WORKERS / "cuda_ops.py", env=subprocess_env)
     assert res.returncode == 0, res.stdout[-6000:]
     assert len(lines_of(res.stdout, "CUDA OK")) == 2
+
+
+def test_cross_barrier_equals_synchronous(subprocess_env: Dict[str, str]) -> None:
+    """Cross-barrier updates (step() returns, each layer's update is applied before its next
+    forward) give bit-for-bit the parameters and optimizer state of synchronous steps in
+    float64 — SGD-momentum+LR scheduler, Adam with 2 backward passes, AdamW with clipping,
+    SGD under AMP's GradScaler,
+    RMSprop with a layer skipped on odd steps, two param groups — and updates really were
+    deferred to the forward pass; coupled optimizers fall back with a warning; a parameter
+    used outside its module while its update pends is an error naming it."""
+    res = fastpsrun(WORKERS / "cross_barrier_equiv.py", env=subprocess_env, timeout=300)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for name in ("sgd-momentum-steplr", "adam-passes2-zero-in-place", "adamw-clip",
+                 "sgd-gradscaler", "rmsprop-skip-layer", "sgd-two-groups"):
+        assert len(lines_of(res.stdout, f"EQUIV OK {name}")) == 2, res.stdout[-6000:]
+    in_forward = [int(line.rsplit("in_forward=", 1)[1])
+                  for line in lines_of(res.stdout, "DEFERRED ")]
+    assert len(in_forward) == 12 and sum(in_forward) > 0, res.stdout[-6000:]
+    assert len(lines_of(res.stdout, "FALLBACK OK")) == 2
+    assert len(lines_of(res.stdout, "GC FROZEN OK")) == 2
+    assert len(lines_of(res.stdout, "MISUSE OK")) >= 1, res.stdout[-6000:]

@@ -1,0 +1,471 @@
+"""GPU-profile training emulator: per-iteration time of fastps and DDP-Gloo against the ideal.
+
+Models with the real parameter tensors of ResNet-50, VGG-16 and BERT-base whose layers sleep
+for a V100's compute time (benchmarks/emulator: each layer's share of the FLOPs of a published
+per-iteration time, x10 for a 10 -> 1 Gbit/s link) and produce deterministic gradients through
+real autograd, so every system hooks them as it would a real model while the CPU stays free
+for the network stacks and servers. Per model and compute-to-communication ratio, one run
+measures:
+
+- compute alone: one process, no communication (the measured compute time C, including the
+  optimizer's update and the emulator's overhead);
+- fastps with cross-barrier updates (``FASTPS_CROSS_BARRIER=1``) and without, at each k;
+- torch DDP with the Gloo backend (25 MiB buckets, the default).
+
+and prints per-iteration time, the ideal max(C, communication bound at that k) — BytePS
+Eq. 6 with the measured link goodput for fastps, the ring all-reduce bound (= k=0) for DDP —
+the fraction of the ideal and the speedup over DDP. ``--ratios``: compute = ratio x the
+communication bound at k=0 (``ref``: the V100 time x10). On ``--network loopback`` nothing
+limits the links, so the ideal is C.
+
+    python -m benchmarks.train_emulated --network loopback --models resnet50 --ratios 1
+    python -m benchmarks.train_emulated --models resnet50 --ratios 1 -k 0 2   # rack, root
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import rack_common as rc  # noqa: E402
+from benchmarks.emulator import models as em  # noqa: E402
+
+FIELDS = ["model", "ratio", "system", "network", "n", "k", "rate_mbit", "goodput_mbit",
+          "compute_nominal_s", "compute_s", "bound_s", "ideal_s", "iter_s", "iter_p50_s",
+          "iter_p99_s", "frac_ideal", "speedup_vs_ddp", "deferred_frac", "stall_s", "gc2",
+          "load",
+          "status"]
+LR = 0.01
+SYSTEMS = ("fastps-cb", "fastps", "ddp")
+
+
+# ============================================================================ children
+
+
+class _GcWatch:
+    """Counts and times the garbage collections of the measured iterations."""
+
+    def __init__(self) -> None:
+        self.pauses: Dict[int, List[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+        self.on = False
+
+    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses[int(info["generation"])].append(time.perf_counter() - self._t0)
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any,
+           barrier: Any, finish: Any) -> Dict[str, Any]:
+    import torch
+
+    x = torch.zeros(1)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=False)
+        model(x).sum().backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    watch = _GcWatch()
+    gc.callbacks.append(watch)
+    barrier()
+    marks: List[float] = []
+    watch.on = True
+    for _ in range(args.steps + 1):
+        marks.append(time.perf_counter())
+        step()
+    watch.on = False
+    finish()  # cross-barrier: apply the last step's updates before reading the weights
+    spec = model.spec
+    expected = em_expected(spec, world, args.warmup + args.steps + 1)
+    got = [float(p.detach().reshape(-1)[-1]) for p in model.parameters()]
+    worst = max(abs(a - b) for a, b in zip(expected, got))
+    if worst > 1e-6:
+        raise SystemExit(f"rank {rank}: parameters differ from the expected average "
+                         f"update by {worst:.3g}")
+    diffs = [b - a for a, b in zip(marks, marks[1:])]
+    return {"iter_s": (marks[-1] - marks[0]) / args.steps, "diffs": diffs,
+            "gc": {str(g): v for g, v in watch.pauses.items()}}
+
+
+def em_expected(spec: Any, world: int, steps: int) -> List[float]:
+    from benchmarks.emulator.sleeper import expected_update
+    return expected_update(spec, world, LR, steps)
+
+
+def _model(args: argparse.Namespace, rank: int) -> Tuple[Any, Any]:
+    import torch
+
+    from benchmarks.emulator.sleeper import EmulatedModel
+
+    torch.set_num_threads(1)
+    model = EmulatedModel(em.spec(args.model), args.iteration_s, rank)
+    return model, torch.optim.SGD
+
+
+def child_single(args: argparse.Namespace) -> None:
+    model, sgd = _model(args, 0)
+    opt = sgd(model.parameters(), lr=LR)
+    res = _train(args, 0, 1, model, opt, lambda: None, lambda: None)
+    rc.emit_result(res, 0)
+
+
+def child_fastps(args: argparse.Namespace) -> None:
+    import fastps.torch as hvd
+
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
+    model, sgd = _model(args, rank)
+    opt = hvd.DistributedOptimizer(sgd(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters())
+    cb = opt._fastps.cross
+    res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
+    res["cross_barrier"] = cb is not None
+    if cb is not None:  # updates that waited past step(), of all updates; time blocked
+        res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))
+        res["stall_s"] = cb.waited_s / max(1, cb.steps)
+    rc.emit_result(res, rank)
+    hvd.barrier()
+    hvd.shutdown()
+
+
+def child_ddp(args: argparse.Namespace) -> None:
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.op_timeout))
+    model, sgd = _model(args, rank)
+    ddp = DDP(model)
+    ddp.spec = model.spec
+    opt = sgd(ddp.parameters(), lr=LR)
+    res = _train(args, rank, world, ddp, opt, dist.barrier, lambda: None)
+    rc.emit_result(res, rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+CHILDREN = {"single": child_single, "fastps": child_fastps, "ddp": child_ddp}
+
+
+# ============================================================================ orchestrator
+
+
+def _summary(res: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
+    """The slowest worker's time; percentiles over every worker's iterations."""
+    diffs = sorted(d for r in res.values() for d in r["diffs"])
+
+    def pct(q: float) -> float:
+        return diffs[min(len(diffs) - 1, int(q * (len(diffs) - 1) + 0.5))]
+
+    gc2 = [p for r in res.values() for p in r["gc"].get("2", [])]
+    out = {"iter_s": max(r["iter_s"] for r in res.values()), "iter_p50_s": pct(0.5),
+           "iter_p99_s": pct(0.99),
+           "gc2": f"{len(gc2)} (max {1e3 * max(gc2):.0f} ms)" if gc2 else "0"}
+    fracs = [r["deferred_frac"] for r in res.values() if "deferred_frac" in r]
+    if fracs:
+        out["deferred_frac"] = statistics.mean(fracs)
+        out["stall_s"] = statistics.mean(r["stall_s"] for r in res.values())
+    return out
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.port = args.base_port
+        self.rows: List[Dict[str, Any]] = []
+
+    def argv(self, child: str, model: str, iteration_s: float) -> List[str]:
+        a = self.args
+        return [sys.executable, "-m", "benchmarks.train_emulated", "--child", child,
+                "--model", model, "--iteration-s", f"{iteration_s:.6f}", "--steps",
+                str(a.steps), "--warmup", str(a.warmup), "--op-timeout",
+                str(int(a.run_timeout))]
+
+    # -- launching, per network
+
+    def run(self, rack: Any, system: str, model: str, iteration_s: float,
+            k: int) -> Tuple[Optional[Dict[int, Dict[str, Any]]], str]:
+        a = self.args
+        self.port += 3
+        n = 1 if system == "single" else a.workers
+        env = dict(rc.QUIET_THREADS)
+        if system.startswith("fastps"):
+            env["FASTPS_CROSS_BARRIER"] = "1" if system == "fastps-cb" else "0"
+            env.update(a.fastps_env)
+        child = {"single": "single", "fastps-cb": "fastps", "fastps": "fastps",
+                 "ddp": "ddp"}[system]
+        argv = self.argv(child, model, iteration_s)
+        with tempfile.TemporaryDirectory(prefix="emu-") as tmp:
+            env["RACK_RESULT_DIR"] = tmp
+            if rack is None:
+                ok, err = self._local(system, n, argv, env)
+            else:
+                ok, err = self._rack(rack, system, n, k, argv, env)
+            res = rc.read_results(Path(tmp))
+        if len(res) != n:
+            return None, f"failed ({len(res)} of {n} results): {_first_error(err)}"
+        return res, ""
+
+    def _local(self, system: str, n: int, argv: List[str],
+               env: Dict[str, str]) -> Tuple[bool, str]:
+        full = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        procs: List[subprocess.Popen] = []
+        if system == "single":
+            procs.append(subprocess.Popen(argv, env=full, cwd=rc.REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        elif system.startswith("fastps"):
+            cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(n), "--num-servers",
+                   str(n), *argv]
+            procs.append(subprocess.Popen(cmd, env=full, cwd=rc.REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        else:
+            for r in range(n):
+                e = {**full, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
+                     "RANK": str(r), "WORLD_SIZE": str(n)}
+                procs.append(subprocess.Popen(argv, env=e, cwd=rc.REPO,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + self.args.run_timeout
+        out = []
+        ok = True
+        for p in procs:
+            try:
+                text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                text, _ = p.communicate()
+                ok = False
+            out.append(text.decode(errors="replace"))
+            ok = ok and p.returncode == 0
+        return ok, "\n".join(out)[-4000:]
+
+    def _rack(self, rack: Any, system: str, n: int, k: int, argv: List[str],
+              env: Dict[str, str]) -> Tuple[bool, str]:
+        a = self.args
+        if system == "single":
+            launch = rc.Launch([rack.spawn(rack.workers[0], argv, env=env, cwd=str(rc.REPO),
+                                           label="emu-single")])
+        elif system.startswith("fastps"):
+            launch = rc.start_fastps(rack, n, k, argv, self.port, env,
+                                     timeout_s=a.run_timeout, label=f"emu{self.port}")
+        else:
+            launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
+        return rc.wait_all(rack, launch, a.run_timeout)
+
+    # -- one model at one ratio
+
+    def measure(self, rack: Any, model: str, ratio: str, goodput_mbit: float) -> None:
+        a = self.args
+        spec = em.spec(model)
+        model_bytes = 4.0 * spec.numel
+        nominal = a.rate * rc.GOODPUT_FACTOR * 1e6 / 8
+        bound0_nominal = rc.fastps_bound_s(a.workers, 0, model_bytes, nominal)
+        if ratio == "ref":
+            iteration_s = em.reference_iteration_s(spec) * em.REFERENCE_LINK_MBIT / a.rate
+        else:
+            iteration_s = float(ratio) * bound0_nominal
+        network = "loopback" if rack is None else f"rack {a.rate:g} Mbit/s"
+        base = {"model": model, "ratio": ratio, "network": network, "n": a.workers,
+                "rate_mbit": a.rate if rack is not None else "",
+                "goodput_mbit": goodput_mbit if rack is not None else "",
+                "compute_nominal_s": iteration_s}
+        res, err = self.run(rack, "single", model, iteration_s, 0)
+        if res is None:
+            self._add({**base, "system": "compute alone", "status": err})
+            return
+        compute = _summary(res)["iter_s"]
+        self._add({**base, "system": "compute alone", "k": "", "compute_s": compute,
+                   "iter_s": compute, **_summary(res), "load": rc.load_text(),
+                   "status": "ok"})
+        good = goodput_mbit * 1e6 / 8
+        ddp_row: Optional[Dict[str, Any]] = None
+        rows: List[Dict[str, Any]] = []
+        for system in a.systems:
+            for k in (a.cpu_hosts if system.startswith("fastps") else [0]):
+                if rack is None:
+                    bound = 0.0
+                elif system == "ddp":
+                    bound = rc.allreduce_bound_s(a.workers, model_bytes, good)
+                else:
+                    bound = rc.fastps_bound_s(a.workers, k, model_bytes, good)
+                ideal = max(compute, bound)
+                label = {"fastps-cb": "fastps cross-barrier", "fastps": "fastps sync step",
+                         "ddp": "DDP-Gloo"}[system]
+                row = {**base, "system": label, "k": k, "compute_s": compute,
+                       "bound_s": bound, "ideal_s": ideal}
+                res, err = self.run(rack, system, model, iteration_s, k)
+                row["load"] = rc.load_text()  # 1-minute average: mostly this run
+                if res is None:
+                    row["status"] = err
+                else:
+                    row.update(_summary(res))
+                    row["frac_ideal"] = ideal / row["iter_s"]
+                    row["status"] = "ok"
+                if system == "ddp":
+                    ddp_row = row
+                rows.append(row)
+                self._add(row)
+        if ddp_row and ddp_row.get("status") == "ok":
+            for row in rows:
+                if row.get("status") == "ok":
+                    row["speedup_vs_ddp"] = ddp_row["iter_s"] / row["iter_s"]
+        if a.out:
+            rc.write_csv(a.out, self.rows, FIELDS, self.meta)
+
+    def _add(self, row: Dict[str, Any]) -> None:
+        self.rows.append(row)
+        if row.get("status") != "ok":
+            print(f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} "
+                  f"{row.get('status')}", flush=True)
+            return
+        extra = ""
+        if "frac_ideal" in row:
+            extra = (f" ideal {row['ideal_s']:.3f} s (bound {row['bound_s']:.3f} s) -> "
+                     f"{row['frac_ideal']:.3f} of ideal")
+        k = f"k={row['k']}" if row.get("k") != "" else ""
+        if "stall_s" in row:
+            extra += (f"; deferred {100 * row['deferred_frac']:.0f}% of updates, forward "
+                      f"blocked {row['stall_s']:.3f} s/iter")
+        print(f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} {k:4s} "
+              f"{row['iter_s']:.3f} s/iter (p50 {row['iter_p50_s']:.3f}, p99 "
+              f"{row['iter_p99_s']:.3f}; gen-2 gc {row['gc2']}){extra} "
+              f"[load {row.get('load', '')}]", flush=True)
+
+
+def _first_error(err: str) -> str:
+    for line in err.splitlines():
+        low = line.lower()
+        if "error" in low or "exception" in low or "abort" in low:
+            return line.strip()[:300]
+    return err.strip().splitlines()[-1][:300] if err.strip() else ""
+
+
+def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
+    print(f"\n{'model':8s} {'ratio':>5s} {'system':22s} {'k':>2s} {'s/iter':>7s} "
+          f"{'ideal':>7s} {'frac':>6s} {'vs DDP':>7s} {'p99/p50':>7s}  load")
+    for r in rows:
+        if r.get("status") != "ok":
+            print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {r.get('status')}")
+            continue
+        frac = f"{r['frac_ideal']:6.3f}" if "frac_ideal" in r else f"{'-':>6s}"
+        sp = f"{r['speedup_vs_ddp']:7.2f}" if "speedup_vs_ddp" in r else f"{'-':>7s}"
+        ideal = f"{r['ideal_s']:7.3f}" if "ideal_s" in r else f"{'-':>7s}"
+        print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {str(r.get('k', '')):>2s} "
+              f"{r['iter_s']:7.3f} {ideal} {frac} {sp} "
+              f"{r['iter_p99_s'] / r['iter_p50_s']:7.2f}  {r.get('load', '')}")
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    runner = Runner(args)
+    runner.meta = rc.provenance()
+    runner.meta["compute"] = ("emulated (benchmarks/emulator): per-layer sleeps; V100 "
+                              "reference x10 (docs/benchmarks.md)")
+    t0 = time.monotonic()
+    if args.network == "loopback":
+        for model in args.models:
+            for ratio in args.ratios:
+                runner.measure(None, model, ratio, 0.0)
+    else:
+        from benchmarks.rack import Rack, is_supported
+
+        ok, why = is_supported()
+        if not ok:
+            print(f"train_emulated: emulated rack not supported here: {why}", file=sys.stderr)
+            return 2
+        with Rack(n_workers=args.workers, n_cpu_hosts=max(args.cpu_hosts),
+                  rate_mbit=args.rate, prefix=args.prefix) as rack:
+            link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
+            print(f"train_emulated: rack n={args.workers} k<={max(args.cpu_hosts)} at "
+                  f"{args.rate:g} Mbit/s; measured goodput {link:.1f} Mbit/s", flush=True)
+            runner.meta["goodput"] = f"{link:.1f} Mbit/s"
+            for model in args.models:
+                for ratio in args.ratios:
+                    runner.measure(rack, model, ratio, link)
+    runner.meta["duration"] = f"{time.monotonic() - t0:.0f} s"
+    runner.meta["load_at_end"] = rc.load_text()
+    if args.out:
+        rc.write_csv(args.out, runner.rows, FIELDS, runner.meta)
+    _print_table(runner.rows)
+    if args.json:
+        print("JSON " + json.dumps(runner.rows))
+    return 1 if any(r.get("status") != "ok" for r in runner.rows) else 0
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--network", choices=["rack", "loopback"], default="rack")
+    p.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(em.MODELS))
+    p.add_argument("--ratios", nargs="+", default=["1"],
+                   help="compute / communication bound at k=0 (e.g. 0.5 1 2), or ref")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--workers", "-n", type=int, default=4)
+    p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0])
+    p.add_argument("--rate", type=float, default=1000.0, help="Mbit/s per host link (rack)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--fastps-env", nargs="*", default=[])
+    p.add_argument("--run-timeout", type=float, default=400.0)
+    p.add_argument("--measure-seconds", type=float, default=3.0)
+    p.add_argument("--prefix", default="fpse")
+    p.add_argument("--base-port", type=int, default=29700)
+    p.add_argument("--out", type=Path, default=None, help="CSV to write")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
+    p.add_argument("--iteration-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--op-timeout", type=int, default=400, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return args
+    for r in args.ratios:
+        if r != "ref":
+            try:
+                if float(r) <= 0:
+                    raise ValueError
+            except ValueError:
+                p.error(f"--ratios wants positive numbers or ref, got {r!r}")
+    if args.workers < 2:
+        p.error("--workers must be >= 2")
+    env: Dict[str, str] = {}
+    for item in args.fastps_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("FASTPS_"):
+            p.error(f"--fastps-env wants FASTPS_NAME=value, got {item}")
+        env[key] = value
+    args.fastps_env = env
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        CHILDREN[args.child](args)
+        return 0
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

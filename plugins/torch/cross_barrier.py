@@ -1,0 +1,360 @@
+"""Cross-barrier updates: ``optimizer.step()`` returns before the gradients' sums arrive.
+
+P3 (SysML'19, §4) and BytePS's cross-barrier: with a synchronous ``step()`` the next forward
+pass cannot start until the last gradient of the model has come back, so the time the last
+layers' sums spend on the wire is never overlapped with compute. P3 sends the first layers'
+gradients first; the gain only shows if the first layer's forward pass may start as soon as
+*its* parameters are updated. Here:
+
+* ``step()`` defers the update of every parameter whose sum is still in flight. The entry
+  keeps the gradient tensor that the sum is written into, and the param groups'
+  hyperparameters are frozen (an LR scheduler that changes ``lr`` right after ``step()``
+  must not change this step's update). Parameters whose sums have already arrived, and
+  parameters no module's forward announces (no hook could wait for them), are updated
+  before ``step()`` returns.
+* While updates are pending, a process-wide module forward pre-hook waits, before a module's
+  forward, for the sums of that module's own parameters and applies their updates — together
+  with every other pending update whose sum has arrived by then, so updates are applied as
+  soon as their sums are there and in few optimizer calls.
+* An update runs the wrapped optimizer's own ``step()`` on temporary param groups that hold
+  only the parameters being updated, with the frozen hyperparameters. That is exactly the
+  synchronous update for optimizers whose step treats each parameter on its own: a known list
+  (``PER_PARAMETER``). Others — LBFGS (a closure over the whole model), LAMB-like global
+  norms, any class fastps cannot vouch for — keep synchronous steps, with a warning.
+* Whatever reads what a pending update writes waits for it first: the optimizer's
+  ``state_dict``/``load_state_dict``/``add_param_group``/``synchronize`` and the next
+  ``step()``; a module's ``state_dict``/``load_state_dict`` (hooks on every module that owns a
+  parameter); ``zero_grad`` detaches the gradients an update still needs instead of waiting.
+  Code that reads ``param.data`` directly, outside any module, must call
+  ``optimizer.wait_for_updates()`` first.
+
+Gradient clipping keeps its Horovod form (``synchronize()``, clip, ``skip_synchronize()``):
+after ``synchronize()`` every sum is in, and the following ``step()`` updates at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import torch
+from fastps.errors import FastPSError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .optimizer import _Entry, _GradientSync
+
+__all__ = ["ENV", "CrossBarrier", "coupling", "enabled"]
+
+ENV = "FASTPS_CROSS_BARRIER"
+
+# torch.optim classes whose step() updates each parameter from its own gradient and state
+# only (foreach/fused variants included: they apply the same per-tensor arithmetic).
+PER_PARAMETER = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam",
+                 "RMSprop", "Rprop", "ASGD", "Adafactor")
+
+
+def enabled(option: Optional[bool]) -> bool:
+    """The ``cross_barrier`` argument, or ``FASTPS_CROSS_BARRIER`` when it is None."""
+    if option is not None:
+        if not isinstance(option, bool):
+            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
+        return option
+    raw = os.environ.get(ENV, "")
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid {ENV}={raw!r}: expected 1 or 0")
+
+
+def _per_parameter_steps() -> Dict[Any, str]:
+    steps: Dict[Any, str] = {}
+    for name in PER_PARAMETER:
+        cls = getattr(torch.optim, name, None)
+        if cls is not None:
+            steps[inspect.unwrap(cls.step)] = name
+    return steps
+
+
+_PER_PARAMETER_STEPS = _per_parameter_steps()
+
+
+def coupling(optimizer_class: type) -> Optional[str]:
+    """None if ``optimizer_class.step`` is one that updates each parameter on its own
+    (torch's profiling and grad-mode wrappers are looked through, so subclasses that keep
+    the step qualify); otherwise why cross-barrier updates cannot be used."""
+    step = inspect.unwrap(optimizer_class.step)
+    if step in _PER_PARAMETER_STEPS:
+        return None
+    return (f"{optimizer_class.__name__}.step() is not one that fastps knows to update each "
+            "parameter on its own (it may couple parameters: a closure, a global norm); "
+            f"known: torch.optim {', '.join(sorted(set(_PER_PARAMETER_STEPS.values())))}")
+
+
+def _frozen(group: Dict[str, Any]) -> Dict[str, Any]:
+    """A param group's hyperparameters as they are now (tensor values copied: schedulers
+    fill a tensor ``lr`` in place)."""
+    out: Dict[str, Any] = {}
+    for key, value in group.items():
+        if key == "params":
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.clone()
+        elif isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+            value = tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in value)
+        out[key] = value
+    return out
+
+
+def _step_hooks(optimizer: Any) -> bool:
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    return bool(_global_optimizer_pre_hooks or _global_optimizer_post_hooks
+                or getattr(optimizer, "_optimizer_step_pre_hooks", None)
+                or getattr(optimizer, "_optimizer_step_post_hooks", None))
+
+
+class CrossBarrier:
+    """The deferred updates of one DistributedOptimizer."""
+
+    def __init__(self, sync: _GradientSync, optimizer: Any,
+                 step_on: Callable[[Any, List[Dict[str, Any]]], None]) -> None:
+        self._sync = sync
+        self._optimizer = weakref.ref(optimizer)
+        self._step_on = step_on  # runs the wrapped optimizer's step on temporary groups
+        # id(param) -> entry, in the order the updates are wanted (forward order).
+        self.pending: Dict[int, _Entry] = {}
+        self._groups: List[Dict[str, Any]] = []  # frozen hyperparameters of the pending step
+        self._keep: Any = None  # the optimizer, held while it owes updates
+        self._forward_hook: Any = None
+        self._module_hooks: Dict[int, List[Any]] = {}
+        self._warned = False
+        # Counters for tests and benchmarks.
+        self.steps = 0
+        self.deferred = 0  # updates that waited past step()
+        self.applied_in_forward = 0  # of those, applied by a module's forward pre-hook
+        self.waited_s = 0.0  # time spent blocked on sums that had not arrived
+
+    # ------------------------------------------------------------------------ step()
+
+    def usable(self, optimizer: Any) -> bool:
+        """False (once with a warning) while step hooks are registered: they expect one
+        update of every parameter per call."""
+        if not _step_hooks(optimizer):
+            return True
+        if not self._warned:
+            self._warned = True
+            warnings.warn("fastps: optimizer step hooks are registered, so step() waits for "
+                          "every gradient (cross-barrier updates off while they are)",
+                          stacklevel=3)
+        return False
+
+    def defer_step(self, optimizer: Any) -> None:
+        """``step()``: updates what can be updated now, defers the rest."""
+        sync = self._sync
+        with sync.lock:
+            self.finish()  # an earlier step's updates whose modules ran no forward since
+            sync.start_missing()
+            group_of: Dict[int, int] = {}
+            for gi, group in enumerate(optimizer.param_groups):
+                for p in group["params"]:
+                    group_of.setdefault(id(p), gi)
+            self._groups = [_frozen(g) for g in optimizer.param_groups]
+            ranked = [e for e in sync.entries if e.handle is not None]
+            ranked.sort(key=sync.priority, reverse=True)
+            now: List[_Entry] = []
+            for e in ranked:
+                e.grad = e.param.grad
+                e.group = group_of.get(id(e.param), -1)
+                e.deferred = True
+                if sync.order.position(e.param) is None:
+                    now.append(e)  # no module forward announces it: nothing would wait
+                else:
+                    self.pending[id(e.param)] = e
+            sync.reset_passes()
+            if sync.order.learning and sync.order.seen:
+                self._hook_modules(sync.order.owners())
+                sync.order.stop()
+            self.steps += 1
+            self._apply(now + self._arrived(now))
+            if self.pending:
+                self.deferred += len(self.pending)
+                self._keep = optimizer
+                if self._forward_hook is None:
+                    ref = weakref.ref(self)
+
+                    def before_forward(module: torch.nn.Module, args: Any) -> None:
+                        me = ref()
+                        if me is not None:
+                            me.wait_module(module, True)
+
+                    self._forward_hook = (
+                        torch.nn.modules.module.register_module_forward_pre_hook(before_forward))
+
+    def _arrived(self, taken: List[_Entry]) -> List[_Entry]:
+        """Pending entries whose sums are in, in forward order up to the first that is not
+        (sums arrive roughly in priority order, so looking further rarely finds any)."""
+        out: List[_Entry] = []
+        for e in self.pending.values():
+            if e in taken:
+                continue
+            assert e.handle is not None
+            if not e.handle.poll():
+                break
+            out.append(e)
+        return out
+
+    # ------------------------------------------------------------------------ waiting
+
+    def wait_module(self, module: torch.nn.Module, in_forward: bool = False) -> None:
+        """Applies the pending updates of ``module``'s own parameters (waiting for their
+        sums) and any others whose sums are in."""
+        if not self.pending:
+            return
+        params = module._parameters
+        if not params:
+            return
+        due: List[_Entry] = []
+        for p in params.values():
+            if p is not None:
+                e = self.pending.get(id(p))
+                if e is not None:
+                    due.append(e)
+        if due:
+            with self._sync.lock:
+                due = [e for e in due if e.deferred]
+                if in_forward:
+                    self.applied_in_forward += len(due)
+                self._apply(due + self._arrived(due))
+
+    def finish(self) -> None:
+        """Applies every pending update (waits for all sums)."""
+        if self.pending:
+            with self._sync.lock:
+                self._apply(list(self.pending.values()))
+
+    def hold_grads(self, set_to_none: bool) -> List[Any]:
+        """``zero_grad()`` must not touch a gradient a pending update still needs. With
+        ``set_to_none`` the parameter lets go of it (the entry keeps it); otherwise it is
+        zeroed in place right after its update — before the module's forward, so before
+        any new gradient accumulates into it. Returns what to give back after the wrapped
+        optimizer's zero_grad ran on the other parameters."""
+        held = []
+        for e in self.pending.values():
+            p = e.param
+            if p.grad is not None and p.grad is e.grad:
+                p.grad = None
+                if not set_to_none:
+                    e.zero = True
+                    held.append((p, e.grad))
+        return held
+
+    @staticmethod
+    def give_back(held: List[Any]) -> None:
+        for p, grad in held:
+            p.grad = grad
+
+    # ------------------------------------------------------------------------ applying
+
+    def _apply(self, batch: List[_Entry]) -> None:
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        try:
+            for e in batch:
+                assert e.handle is not None
+                e.handle.synchronize()
+                e.handle = None
+        except BaseException:
+            self._drop(batch)  # the job is failing; do not make every later forward fail too
+            raise
+        self.waited_s += time.perf_counter() - t0
+        by_group: Dict[int, List[torch.Tensor]] = {}
+        swapped = []
+        zero = []
+        for e in batch:
+            self.pending.pop(id(e.param), None)
+            e.deferred = False
+            grad, e.grad = e.grad, None
+            if e.zero:
+                e.zero = False
+                zero.append(grad)
+            if e.group < 0:
+                continue  # removed from every param group: the synchronous step skips it too
+            p = e.param
+            if p.grad is not grad:
+                swapped.append((p, p.grad))
+                p.grad = grad
+            by_group.setdefault(e.group, []).append(p)
+        if not self.pending:
+            self._idle()
+        try:
+            if by_group:
+                groups = [dict(self._groups[gi], params=ps)
+                          for gi, ps in sorted(by_group.items())]
+                optimizer = self._optimizer()
+                if optimizer is None:  # pragma: no cover - _keep holds it while updates pend
+                    raise FastPSError("the optimizer was garbage-collected with updates pending")
+                self._step_on(optimizer, groups)
+        finally:
+            for p, grad in swapped:
+                p.grad = grad
+            with torch.no_grad():
+                for grad in zero:  # zero_grad(set_to_none=False) came while it pended
+                    grad.zero_()
+
+    def _idle(self) -> None:
+        self._keep = None
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    def _drop(self, batch: List[_Entry]) -> None:
+        for e in [*batch, *self.pending.values()]:
+            e.deferred = False
+            e.zero = False
+            e.grad = None
+            e.handle = None
+        self.pending.clear()
+        self._idle()
+
+    # ------------------------------------------------------------------------ modules
+
+    def _hook_modules(self, modules: List[torch.nn.Module]) -> None:
+        """Module ``state_dict``/``load_state_dict`` wait for the module's own updates."""
+        ref = weakref.ref(self)
+
+        def before_save(module: torch.nn.Module, *args: Any) -> None:
+            me = ref()
+            if me is not None:
+                me.wait_module(module)
+
+        for m in modules:
+            if id(m) not in self._module_hooks:
+                self._module_hooks[id(m)] = [
+                    m.register_state_dict_pre_hook(before_save),
+                    m.register_load_state_dict_pre_hook(before_save),
+                ]
+
+    def close(self) -> None:
+        self._idle()
+        for handles in self._module_hooks.values():
+            for h in handles:
+                h.remove()
+        self._module_hooks.clear()
+
+    def check_gradient(self, e: _Entry) -> None:
+        """A gradient arrived for a parameter whose previous update is still pending: the
+        forward pass used it without going through a module that owns it."""
+        if e.deferred:
+            raise FastPSError(
+                f"the gradient of '{e.name.split('.', 1)[1]}' was computed while its update "
+                "from the previous optimizer.step() was still pending: with cross-barrier "
+                "updates a parameter must be used in the forward pass of a module that owns "
+                "it (module._parameters), which waits for its update; call "
+                "optimizer.wait_for_updates() before such a use, or pass cross_barrier=False"
+            )

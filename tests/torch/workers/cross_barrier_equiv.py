@@ -1,0 +1,276 @@
+"""Worker: cross-barrier training is bit-for-bit the synchronous training.
+
+Each scenario trains the same float64 model twice with DistributedOptimizer on this rank's
+data — once synchronously, once with cross-barrier updates — and requires identical
+parameters (torch.equal) at every point where user code reads them (module state_dict after
+step(), optimizer state_dict, the end), identical optimizer state, and identical parameters
+on every rank. The scenarios cover SGD with momentum and weight decay under an LR scheduler
+that changes lr right after step(), Adam with zero_grad(set_to_none=False) and
+backward_passes_per_step=2, AdamW with gradient clipping (synchronize + skip_synchronize) on
+some steps, SGD under AMP's GradScaler, RMSprop on a model where one layer is skipped on odd
+steps (its update is applied at the next step), SGD with two param groups, and a model with
+a top-level parameter. Also: a coupled optimizer (LBFGS) and an unknown one fall back with a
+warning; FASTPS_CROSS_BARRIER=1 turns it on; a parameter used outside its module while its
+update is pending is an error naming it; the heap is frozen after the first step
+(plugins/torch/heap.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Tuple
+
+import fastps.torch as hvd
+import torch
+import torch.nn.functional as F
+from fastps.errors import FastPSError
+
+STEPS = 7
+
+
+class Net(torch.nn.Module):
+    """Registered in reverse forward order; ``skip`` is used on even steps only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(12, 3)
+        self.norm = torch.nn.LayerNorm(12)
+        self.skip = torch.nn.Linear(12, 12)
+        self.mid = torch.nn.Linear(16, 12)
+        self.stem = torch.nn.Linear(10, 16)
+        self.scale = torch.nn.Parameter(torch.ones(10))
+        self.use_skip = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mid(torch.tanh(self.stem(x * self.scale))))
+        if self.use_skip:
+            h = h + self.skip(h)
+        return self.head(self.norm(h))
+
+
+def make_model() -> Net:
+    torch.manual_seed(4321)
+    return Net().double()
+
+
+def batches(rank: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(77 + rank)
+    return [(torch.randn(4, 10, generator=g, dtype=torch.float64),
+             torch.randint(0, 3, (4,), generator=g)) for _ in range(STEPS)]
+
+
+Scenario = Dict[str, Any]
+
+SCENARIOS: List[Scenario] = [
+    {"name": "sgd-momentum-steplr",
+     "opt": lambda ps: torch.optim.SGD(ps, lr=0.2, momentum=0.9, weight_decay=1e-3,
+                                       nesterov=True),
+     "sched": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7)},
+    {"name": "adam-passes2-zero-in-place", "passes": 2, "set_to_none": False,
+     "opt": lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.95))},
+    {"name": "adamw-clip", "clip_steps": (1, 2, 5),
+     "opt": lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1),
+     "sched": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)},
+    {"name": "rmsprop-skip-layer", "skip_odd": True,
+     "opt": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5)},
+    {"name": "sgd-gradscaler", "scaler": True,
+     "opt": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)},
+    {"name": "sgd-two-groups",
+     "opt": lambda ps: torch.optim.SGD([{"params": ps[:4], "lr": 0.05},
+                                        {"params": ps[4:], "lr": 0.3, "momentum": 0.5}],
+                                       lr=0.1)},
+]
+
+
+def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor]]
+          ) -> Tuple[Net, Any, List[Dict[str, torch.Tensor]], Dict[str, Any]]:
+    model = make_model()
+    prefix = "cb." if cross else "sync."
+    opt = hvd.DistributedOptimizer(
+        sc["opt"](list(model.parameters())),
+        named_parameters=[(prefix + n, p) for n, p in model.named_parameters()],
+        backward_passes_per_step=sc.get("passes", 1), cross_barrier=cross)
+    assert opt.cross_barrier == cross
+    sched = sc["sched"](opt) if "sched" in sc else None
+    passes = sc.get("passes", 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0) if sc.get("scaler") else None
+    seen: List[Dict[str, torch.Tensor]] = []
+    opt_state: Dict[str, Any] = {}
+    for step, (x, y) in enumerate(data):
+        model.use_skip = not (sc.get("skip_odd") and step % 2 == 1)
+        opt.zero_grad(set_to_none=sc.get("set_to_none", True))
+        micro = x.shape[0] // passes
+        for i in range(passes):
+            loss = F.cross_entropy(model(x[i * micro:(i + 1) * micro]),
+                                   y[i * micro:(i + 1) * micro])
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            (loss / passes).backward()
+        if scaler is not None:  # AMP: unscale the averaged gradients, then step
+            opt.synchronize()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+        elif step in sc.get("clip_steps", ()):
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        if sched is not None:
+            sched.step()
+        if step == 3:  # what a checkpoint would read in the middle of training
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            opt_state = opt.state_dict()
+    seen.append({k: v.clone() for k, v in model.state_dict().items()})
+    opt.wait_for_updates()  # then parameters may be read directly
+    assert not (cross and opt._fastps.cross.pending)
+    seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    if cross:
+        cb = opt._fastps.cross
+        print(f"DEFERRED {sc['name']} steps={cb.steps} deferred={cb.deferred} "
+              f"in_forward={cb.applied_in_forward}")
+    opt_state_end = opt.state_dict()
+    return model, (opt_state, opt_state_end), seen, {"opt": opt}
+
+
+def same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), (
+            f"{where}: differs by "
+            f"{float((a.double() - b.double()).abs().max()) if a.shape == b.shape else 'shape'}")
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths"
+        for i, (u, v) in enumerate(zip(a, b)):
+            same(u, v, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def equivalence() -> None:
+    data = batches(hvd.rank())
+    for sc in SCENARIOS:
+        m_sync, st_sync, seen_sync, _ = train(sc, False, data)
+        m_cb, st_cb, seen_cb, _ = train(sc, True, data)
+        same(seen_sync, seen_cb, f"{sc['name']} module state_dict")
+        same(st_sync, st_cb, f"{sc['name']} optimizer state_dict")
+        flat = torch.cat([p.detach().reshape(-1) for p in m_cb.parameters()])
+        gathered = hvd.allgather(flat.unsqueeze(0), name=f"final.{sc['name']}")
+        assert torch.equal(gathered[0], gathered[-1]), "ranks disagree"
+        moved = float((flat - torch.cat([p.detach().reshape(-1) for p in
+                                        make_model().parameters()])).abs().max())
+        assert moved > 1e-3, f"{sc['name']}: training did not change the parameters"
+        print(f"EQUIV OK {sc['name']}")
+
+
+def fallbacks() -> None:
+    model = make_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters()),
+                                       named_parameters=model.named_parameters(),
+                                       cross_barrier=True)
+    assert not opt.cross_barrier
+    assert any("LBFGS.step() is not one" in str(w.message) for w in caught), caught
+
+    class Lamb(torch.optim.Optimizer):
+        def __init__(self, params: Any) -> None:
+            super().__init__(params, {"lr": 0.1})
+
+        def step(self, closure: Callable[[], Any] = None) -> None:  # type: ignore[assignment]
+            params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norm = torch.sqrt(sum((p.grad * p.grad).sum() for p in params))
+            for p in params:
+                p.data.add_(p.grad / norm, alpha=-0.1)
+
+    model = make_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(Lamb(model.parameters()),
+                                       named_parameters=[("lamb." + n, p) for n, p in
+                                                         model.named_parameters()],
+                                       cross_barrier=True)
+    assert not opt.cross_barrier and any("Lamb.step()" in str(w.message) for w in caught)
+
+    class MySGD(torch.optim.SGD):  # keeps SGD's step: still per parameter
+        pass
+
+    model = make_model()
+    os.environ["FASTPS_CROSS_BARRIER"] = "1"
+    try:
+        opt = hvd.DistributedOptimizer(MySGD(model.parameters(), lr=0.1),
+                                       named_parameters=[("mine." + n, p) for n, p in
+                                                         model.named_parameters()])
+    finally:
+        del os.environ["FASTPS_CROSS_BARRIER"]
+    assert opt.cross_barrier
+    print("FALLBACK OK")
+
+
+class Shortcut(torch.nn.Module):
+    """On the second call uses ``inner.weight`` directly, without running ``inner``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(6, 6, bias=False)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > 1:
+            return x @ self.inner.weight.t()
+        return self.inner(x)
+
+
+def misuse() -> None:
+    """Rank 1 contributes late, so rank 0's update is certainly pending after step()."""
+    torch.manual_seed(5)
+    model = Shortcut().double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=[("shortcut." + n, p) for n, p in
+                                                     model.named_parameters()],
+                                   cross_barrier=True)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    hvd.barrier()
+    if hvd.rank() == 1:
+        time.sleep(1.0)
+    model(x).sum().backward()
+    opt.step()
+    pending = bool(opt._fastps.cross.pending)
+    assert pending or hvd.rank() != 0, "rank 0's update should wait for rank 1's gradient"
+    try:
+        opt.zero_grad()
+        model(x).sum().backward()
+    except FastPSError as exc:
+        assert "'shortcut.inner.weight'" in str(exc) and "still pending" in str(exc), exc
+        print("MISUSE OK")
+    else:
+        assert not pending, "using a parameter outside its module went unnoticed"
+        print("MISUSE NOT PENDING")
+    # Every rank submits the second gradient exactly once (the hook that raised did not).
+    opt.synchronize()
+
+
+def main() -> None:
+    hvd.init()
+    equivalence()
+    # heap.py: after the first distributed step the long-lived heap is frozen
+    assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+    print("GC FROZEN OK")
+    fallbacks()
+    misuse()
+    hvd.barrier()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
