@@ -102,11 +102,12 @@ def worker(args: argparse.Namespace) -> None:
 
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
-    x_train, _, y_train, _ = train_test_split(x, y.astype(np.int64), test_size=0.25,
-                                              random_state=0, stratify=y)
+    x_train, _, y_train, _ = train_test_split(
+        x, y.astype(np.int64), test_size=0.25, random_state=0, stratify=y
+    )
     global_batch = args.batch_size * args.workers
     steps = len(x_train) // global_batch
-    x_train, y_train = x_train[:steps * global_batch], y_train[:steps * global_batch]
+    x_train, y_train = x_train[: steps * global_batch], y_train[: steps * global_batch]
     if role == "fastps":
         data = tf.data.Dataset.from_tensor_slices((x_train[rank::n], y_train[rank::n]))
         data = data.batch(args.batch_size, drop_remainder=True)
@@ -116,16 +117,22 @@ def worker(args: argparse.Namespace) -> None:
     data = data.prefetch(2)
 
     def build() -> Any:
-        model = keras.Sequential([keras.Input((64,))]
-                                 + [keras.layers.Dense(h, activation="relu") for h in args.hidden]
-                                 + [keras.layers.Dense(10)])
+        model = keras.Sequential(
+            [keras.Input((64,))]
+            + [keras.layers.Dense(h, activation="relu") for h in args.hidden]
+            + [keras.layers.Dense(10)]
+        )
         optimizer = keras.optimizers.Adam(args.lr * args.workers)
         callbacks: List[Any] = []
         if role == "fastps":
             optimizer = hvd.DistributedOptimizer(optimizer, num_groups=args.num_groups)
             callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(0))
-        model.compile(optimizer=optimizer, jit_compile=False, metrics=["accuracy"],
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=optimizer,
+            jit_compile=False,
+            metrics=["accuracy"],
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         return model, callbacks
 
     if strategy is not None:
@@ -149,27 +156,51 @@ def worker(args: argparse.Namespace) -> None:
     elapsed = Timer.end - Timer.start
     samples = (args.epochs - 1) * steps * global_batch
     if rank == 0:
-        print(MARK + json.dumps({
-            "role": role, "processes": n, "global_batch": global_batch, "steps": steps,
-            "samples_per_s": samples / elapsed, "seconds": elapsed,
-            "final_loss": float(history.history["loss"][-1]),
-        }), flush=True)
+        print(
+            MARK
+            + json.dumps(
+                {
+                    "role": role,
+                    "processes": n,
+                    "global_batch": global_batch,
+                    "steps": steps,
+                    "samples_per_s": samples / elapsed,
+                    "seconds": elapsed,
+                    "final_loss": float(history.history["loss"][-1]),
+                }
+            ),
+            flush=True,
+        )
     if role == "fastps":
         hvd.shutdown()
 
 
 # ------------------------------------------------------------------ driver side
 def _worker_args(args: argparse.Namespace, role: str) -> List[str]:
-    return [HERE, "--role", role, "--workers", str(args.workers), "--epochs", str(args.epochs),
-            "--batch-size", str(args.batch_size), "--lr", str(args.lr),
-            "--threads", str(args.threads), "--num-groups", str(args.num_groups),
-            "--hidden", *[str(h) for h in args.hidden]]
+    return [
+        HERE,
+        "--role",
+        role,
+        "--workers",
+        str(args.workers),
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--lr",
+        str(args.lr),
+        "--threads",
+        str(args.threads),
+        "--num-groups",
+        str(args.num_groups),
+        "--hidden",
+        *[str(h) for h in args.hidden],
+    ]
 
 
 def _env() -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
-    env.update({"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "TF_ENABLE_ONEDNN_OPTS": "0"})
+    env.update({"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"})
     return env
 
 
@@ -177,14 +208,21 @@ def _result(output: str, what: str) -> Dict[str, Any]:
     for line in output.splitlines():
         at = line.find(MARK)
         if at >= 0:
-            return json.loads(line[at + len(MARK):])
+            return json.loads(line[at + len(MARK) :])
     raise RuntimeError(f"{what} printed no result:\n{output[-4000:]}")
 
 
 def run_fastps(args: argparse.Namespace, num_groups: int = 0) -> Dict[str, Any]:
     args = argparse.Namespace(**{**vars(args), "num_groups": num_groups})
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(args.workers), sys.executable,
-           *_worker_args(args, "fastps")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(args.workers),
+        sys.executable,
+        *_worker_args(args, "fastps"),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=args.timeout)
     if p.returncode != 0:
         raise RuntimeError(f"fastps run failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -207,11 +245,19 @@ def run_mwms(args: argparse.Namespace) -> Dict[str, Any]:
     cluster = {"worker": [f"localhost:{p}" for p in _free_ports(args.workers)]}
     procs = []
     for i in range(args.workers):
-        env = dict(_env(), TF_CONFIG=json.dumps({"cluster": cluster,
-                                                 "task": {"type": "worker", "index": i}}))
-        procs.append(subprocess.Popen([sys.executable, *_worker_args(args, "mwms")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        env = dict(
+            _env(),
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *_worker_args(args, "mwms")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for p in procs:
@@ -227,8 +273,13 @@ def run_mwms(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def run_single(args: argparse.Namespace) -> Dict[str, Any]:
-    p = subprocess.run([sys.executable, *_worker_args(args, "single")], capture_output=True,
-                       text=True, env=_env(), timeout=args.timeout)
+    p = subprocess.run(
+        [sys.executable, *_worker_args(args, "single")],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=args.timeout,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"single-process run failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return _result(p.stdout, "single process")
@@ -244,36 +295,57 @@ def driver(args: argparse.Namespace) -> None:
         for name, fn in systems if r % 2 == 0 else systems[::-1]:
             res = fn(args)
             results[name].append(res)
-            print(f"round {r + 1}: {name}: {res['samples_per_s']:.0f} samples/s "
-                  f"(final loss {res['final_loss']:.4f})", file=sys.stderr, flush=True)
-    medians = {name: statistics.median(x["samples_per_s"] for x in rs)
-               for name, rs in results.items()}
+            print(
+                f"round {r + 1}: {name}: {res['samples_per_s']:.0f} samples/s "
+                f"(final loss {res['final_loss']:.4f})",
+                file=sys.stderr,
+                flush=True,
+            )
+    medians = {
+        name: statistics.median(x["samples_per_s"] for x in rs) for name, rs in results.items()
+    }
     mwms = medians["TF MWMS"]
-    print(f"\nKeras digits MLP {args.hidden}, {args.workers} workers x batch {args.batch_size} "
-          f"(global {args.batch_size * args.workers}), {args.epochs} epochs, "
-          f"{args.repeats} rounds, {os.cpu_count()} CPU cores\n")
+    print(
+        f"\nKeras digits MLP {args.hidden}, {args.workers} workers x batch {args.batch_size} "
+        f"(global {args.batch_size * args.workers}), {args.epochs} epochs, "
+        f"{args.repeats} rounds, {os.cpu_count()} CPU cores\n"
+    )
     print("| system | processes | global batch | samples/s (median) | all runs | vs MWMS |")
     print("|---|---|---|---|---|---|")
     for name, rs in results.items():
         runs = ", ".join(f"{x['samples_per_s']:.0f}" for x in rs)
-        print(f"| {name} | {rs[0]['processes']} | {rs[0]['global_batch']} | "
-              f"{medians[name]:.0f} | {runs} | {medians[name] / mwms:.2f}x |")
+        print(
+            f"| {name} | {rs[0]['processes']} | {rs[0]['global_batch']} | "
+            f"{medians[name]:.0f} | {runs} | {medians[name] / mwms:.2f}x |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["driver", "fastps", "mwms", "single"],
-                        default="driver", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role",
+        choices=["driver", "fastps", "mwms", "single"],
+        default="driver",
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 64])
-    parser.add_argument("--threads", type=int, default=0,
-                        help="TensorFlow intra/inter-op threads per process (0: TF default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow intra/inter-op threads per process (0: TF default)",
+    )
     parser.add_argument("--num-groups", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--no-grouped", dest="grouped", action="store_false",
-                        help="skip the fastps run with DistributedOptimizer(num_groups=1)")
+    parser.add_argument(
+        "--no-grouped",
+        dest="grouped",
+        action="store_false",
+        help="skip the fastps run with DistributedOptimizer(num_groups=1)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()

@@ -35,8 +35,12 @@ RATE = re.compile(r"test accuracy: ([0-9.]+)\s+samples/s: ([0-9.]+)")
 
 def base_env(threads: int) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPS_", "DMLC_"))}
-    env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(threads),
-               MXNET_CPU_WORKER_NTHREADS=str(threads))
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS=str(threads),
+        MXNET_CPU_WORKER_NTHREADS=str(threads),
+    )
     return env
 
 
@@ -67,40 +71,87 @@ def parse(output: str, what: str) -> Tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-def run_fastps(example: str, args: List[str], workers: int, servers: int, threads: int,
-               timeout: float) -> Tuple[float, float]:
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(workers),
-           "--num-servers", str(servers), sys.executable, str(EXAMPLES / example), *args]
-    res = subprocess.run(cmd, env=base_env(threads), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=timeout)
+def run_fastps(
+    example: str, args: List[str], workers: int, servers: int, threads: int, timeout: float
+) -> Tuple[float, float]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(workers),
+        "--num-servers",
+        str(servers),
+        sys.executable,
+        str(EXAMPLES / example),
+        *args,
+    ]
+    res = subprocess.run(
+        cmd,
+        env=base_env(threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"fastps {example} failed ({res.returncode}):\n{res.stdout[-3000:]}")
     return parse(res.stdout, example)
 
 
-def run_dist_sync(args: List[str], workers: int, servers: int, threads: int,
-                  timeout: float) -> Tuple[float, float]:
+def run_dist_sync(
+    args: List[str], workers: int, servers: int, threads: int, timeout: float
+) -> Tuple[float, float]:
     """MXNet's ps-lite job: one scheduler, ``servers`` servers, ``workers`` workers."""
     env = base_env(threads)
-    env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
-               DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers),
-               DMLC_NODE_HOST="127.0.0.1")
+    env.update(
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(free_port()),
+        DMLC_NUM_SERVER=str(servers),
+        DMLC_NUM_WORKER=str(workers),
+        DMLC_NODE_HOST="127.0.0.1",
+    )
     # Importing mxnet with DMLC_ROLE=scheduler/server runs that role until the job ends.
     role_cmd = [sys.executable, "-c", "import mxnet"]
     procs: List[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen(role_cmd, env=dict(env, DMLC_ROLE="scheduler"),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                role_cmd,
+                env=dict(env, DMLC_ROLE="scheduler"),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         for _ in range(servers):
-            procs.append(subprocess.Popen(role_cmd, env=dict(env, DMLC_ROLE="server"),
-                                          stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, start_new_session=True))
-        wcmd = [sys.executable, str(EXAMPLES / "gluon_digits_kvstore.py"),
-                "--kvstore", "dist_sync", *args]
-        wprocs = [subprocess.Popen(wcmd, env=dict(env, DMLC_ROLE="worker"),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True) for _ in range(workers)]
+            procs.append(
+                subprocess.Popen(
+                    role_cmd,
+                    env=dict(env, DMLC_ROLE="server"),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        wcmd = [
+            sys.executable,
+            str(EXAMPLES / "gluon_digits_kvstore.py"),
+            "--kvstore",
+            "dist_sync",
+            *args,
+        ]
+        wprocs = [
+            subprocess.Popen(
+                wcmd,
+                env=dict(env, DMLC_ROLE="worker"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+            for _ in range(workers)
+        ]
         procs.extend(wprocs)
         deadline = time.monotonic() + timeout
         outputs = []
@@ -123,8 +174,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ap.add_argument("--models", default="64x1,1024x2",
-                    help="comma-separated HIDDENxLAYERS of the MLP (64x1 is the example's)")
+    ap.add_argument(
+        "--models",
+        default="64x1,1024x2",
+        help="comma-separated HIDDENxLAYERS of the MLP (64x1 is the example's)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="MXNet/OpenMP threads per process")
     ap.add_argument("--timeout", type=float, default=600)
@@ -135,43 +189,80 @@ def main(argv: Optional[List[str]] = None) -> int:
     for model in opts.models.split(","):
         hidden, layers = (int(v) for v in model.lower().split("x"))
         params = 64 * hidden + hidden + (layers - 1) * (hidden * hidden + hidden) + hidden * 10 + 10
-        args = ["--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size),
-                "--hidden", str(hidden), "--layers", str(layers), "--min-accuracy", "0"]
+        args = [
+            "--epochs",
+            str(opts.epochs),
+            "--batch-size",
+            str(opts.batch_size),
+            "--hidden",
+            str(hidden),
+            "--layers",
+            str(layers),
+            "--min-accuracy",
+            "0",
+        ]
         rates: Dict[str, List[float]] = {s: [] for s in systems}
         accuracy: Dict[str, List[float]] = {s: [] for s in systems}
         for rep in range(opts.repeats):
             order = systems if rep % 2 == 0 else list(reversed(systems))
             for system in order:
                 if system == "fastps DistributedTrainer":
-                    acc, rate = run_fastps("gluon_digits.py", args, opts.workers, opts.servers,
-                                           opts.threads, opts.timeout)
+                    acc, rate = run_fastps(
+                        "gluon_digits.py",
+                        args,
+                        opts.workers,
+                        opts.servers,
+                        opts.threads,
+                        opts.timeout,
+                    )
                 elif system == "fastps KVStore":
-                    acc, rate = run_fastps("gluon_digits_kvstore.py",
-                                           ["--kvstore", "fastps", *args], opts.workers,
-                                           opts.servers, opts.threads, opts.timeout)
+                    acc, rate = run_fastps(
+                        "gluon_digits_kvstore.py",
+                        ["--kvstore", "fastps", *args],
+                        opts.workers,
+                        opts.servers,
+                        opts.threads,
+                        opts.timeout,
+                    )
                 else:
-                    acc, rate = run_dist_sync(args, opts.workers, opts.servers, opts.threads,
-                                              opts.timeout)
+                    acc, rate = run_dist_sync(
+                        args, opts.workers, opts.servers, opts.threads, opts.timeout
+                    )
                 rates[system].append(rate)
                 accuracy[system].append(acc)
-                print(f"# {model} run {rep + 1} {system}: {rate:.0f} samples/s, "
-                      f"accuracy {acc:.4f}", file=sys.stderr, flush=True)
+                print(
+                    f"# {model} run {rep + 1} {system}: {rate:.0f} samples/s, accuracy {acc:.4f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         base = statistics.median(rates["MXNet dist_sync"])
         for system in systems:
             med = statistics.median(rates[system])
-            rows.append((f"{hidden}x{layers} ({params * 4 / 2**20:.2f} MiB)", system, med,
-                         min(rates[system]), max(rates[system]),
-                         statistics.median(accuracy[system]), med / base))
+            rows.append(
+                (
+                    f"{hidden}x{layers} ({params * 4 / 2**20:.2f} MiB)",
+                    system,
+                    med,
+                    min(rates[system]),
+                    max(rates[system]),
+                    statistics.median(accuracy[system]),
+                    med / base,
+                )
+            )
 
-    print(f"workers={opts.workers} servers={opts.servers} batch={opts.batch_size}/worker "
-          f"epochs={opts.epochs} repeats={opts.repeats} threads/process={opts.threads}")
+    print(
+        f"workers={opts.workers} servers={opts.servers} batch={opts.batch_size}/worker "
+        f"epochs={opts.epochs} repeats={opts.repeats} threads/process={opts.threads}"
+    )
     print()
-    print("| model (gradients) | system | samples/s (median) | min | max | accuracy | "
-          "vs dist_sync |")
+    print(
+        "| model (gradients) | system | samples/s (median) | min | max | accuracy | vs dist_sync |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for model, system, med, lo, hi, acc, ratio in rows:
-        print(f"| {model} | {system} | {med:.0f} | {lo:.0f} | {hi:.0f} | {acc:.4f} | "
-              f"{ratio:.2f}x |")
+        print(
+            f"| {model} | {system} | {med:.0f} | {lo:.0f} | {hi:.0f} | {acc:.4f} | {ratio:.2f}x |"
+        )
     return 0
 
 

@@ -58,9 +58,11 @@ def child(args: argparse.Namespace) -> None:
     rank = hvd.rank()
     spec = em.scaled(em.spec(args.model), args.scale)
     model = EmulatedModel(spec, args.compute, rank)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters(),
-                                   cross_barrier=args.cross_barrier)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        named_parameters=model.named_parameters(),
+        cross_barrier=args.cross_barrier,
+    )
     sync = opt._fastps
     tensors = len(sync.entries)
     hook_time = [0.0]
@@ -95,6 +97,7 @@ def child(args: argparse.Namespace) -> None:
         tracing = args.trace and i == args.census - 1
         if tracing:
             import tracemalloc
+
             tracemalloc.start(8)
             snap0 = tracemalloc.take_snapshot()
         c0 = gc.get_count()[0]
@@ -104,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
             snap1 = tracemalloc.take_snapshot()
             tracemalloc.stop()
             stats = snap1.compare_to(snap0, "traceback")
-            for st in sorted(stats, key=lambda s: -s.count_diff)[:args.trace_top]:
+            for st in sorted(stats, key=lambda s: -s.count_diff)[: args.trace_top]:
                 frames = [f"{_short(f.filename)}:{f.lineno}" for f in st.traceback[-4:]]
                 trace.append(f"{st.count_diff:+d} blocks: {' <- '.join(reversed(frames))}")
         del loss
@@ -139,12 +142,15 @@ def child(args: argparse.Namespace) -> None:
     opt.wait_for_updates()
     if rank == 0:
         out = {
-            "tensors": tensors, "cross_barrier": opt.cross_barrier,
+            "tensors": tensors,
+            "cross_barrier": opt.cross_barrier,
             "alive_per_tensor": statistics.median(alive) / tensors,
             "cyclic_per_iter": statistics.median(cyclic),
-            "submit_p50_ms": 1e3 * _pct(submits, 0.5), "submit_p99_ms": 1e3 * _pct(submits, 0.99),
+            "submit_p50_ms": 1e3 * _pct(submits, 0.5),
+            "submit_p99_ms": 1e3 * _pct(submits, 0.99),
             "submit_max_ms": 1e3 * max(submits),
-            "iter_p50_ms": 1e3 * _pct(iters, 0.5), "iter_p99_ms": 1e3 * _pct(iters, 0.99),
+            "iter_p50_ms": 1e3 * _pct(iters, 0.5),
+            "iter_p99_ms": 1e3 * _pct(iters, 0.99),
             "iter_max_ms": 1e3 * max(iters),
             "gc_counts": {g: len(v) for g, v in pauses.items()},
             "gc2_max_ms": 1e3 * max(pauses[2], default=0.0),
@@ -157,11 +163,33 @@ def child(args: argparse.Namespace) -> None:
 
 
 def parent(args: argparse.Namespace) -> int:
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", "2", "--num-servers", "1",
-           sys.executable, "-m", "benchmarks.bench_optimizer_overhead", "--child",
-           "--model", args.model, "--scale", str(args.scale), "--compute", str(args.compute),
-           "--iters", str(args.iters), "--census", str(args.census), "--warmup",
-           str(args.warmup), "--trace-top", str(args.trace_top)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        "2",
+        "--num-servers",
+        "1",
+        sys.executable,
+        "-m",
+        "benchmarks.bench_optimizer_overhead",
+        "--child",
+        "--model",
+        args.model,
+        "--scale",
+        str(args.scale),
+        "--compute",
+        str(args.compute),
+        "--iters",
+        str(args.iters),
+        "--census",
+        str(args.census),
+        "--warmup",
+        str(args.warmup),
+        "--trace-top",
+        str(args.trace_top),
+    ]
     if args.cross_barrier:
         cmd.append("--cross-barrier")
     if args.trace:
@@ -173,16 +201,26 @@ def parent(args: argparse.Namespace) -> int:
         print(res.stdout[-4000:], res.stderr[-2000:])
         return 1
     r = json.loads(lines[-1].split(TAG, 1)[1])
-    print(f"{args.model} (x{args.scale}) {r['tensors']} tensors, cross_barrier="
-          f"{r['cross_barrier']}, {args.iters} iterations, load {os.getloadavg()[0]:.2f}")
-    print(f"  objects alive per tensor after backward: {r['alive_per_tensor']:.1f}; "
-          f"left in cycles per iteration: {r['cyclic_per_iter']}")
-    print(f"  submit (hooks) per iteration: p50 {r['submit_p50_ms']:.2f} ms, p99 "
-          f"{r['submit_p99_ms']:.2f} ms, max {r['submit_max_ms']:.2f} ms")
-    print(f"  iteration: p50 {r['iter_p50_ms']:.2f} ms, p99 {r['iter_p99_ms']:.2f} ms, "
-          f"max {r['iter_max_ms']:.2f} ms (p99/p50 {r['iter_p99_ms'] / r['iter_p50_ms']:.2f})")
-    print(f"  collections (gen 0/1/2): {r['gc_counts']}; gen-2 max pause "
-          f"{r['gc2_max_ms']:.1f} ms; all collections {r['gc_total_ms']:.0f} ms")
+    print(
+        f"{args.model} (x{args.scale}) {r['tensors']} tensors, cross_barrier="
+        f"{r['cross_barrier']}, {args.iters} iterations, load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"  objects alive per tensor after backward: {r['alive_per_tensor']:.1f}; "
+        f"left in cycles per iteration: {r['cyclic_per_iter']}"
+    )
+    print(
+        f"  submit (hooks) per iteration: p50 {r['submit_p50_ms']:.2f} ms, p99 "
+        f"{r['submit_p99_ms']:.2f} ms, max {r['submit_max_ms']:.2f} ms"
+    )
+    print(
+        f"  iteration: p50 {r['iter_p50_ms']:.2f} ms, p99 {r['iter_p99_ms']:.2f} ms, "
+        f"max {r['iter_max_ms']:.2f} ms (p99/p50 {r['iter_p99_ms'] / r['iter_p50_ms']:.2f})"
+    )
+    print(
+        f"  collections (gen 0/1/2): {r['gc_counts']}; gen-2 max pause "
+        f"{r['gc2_max_ms']:.1f} ms; all collections {r['gc_total_ms']:.0f} ms"
+    )
     for line in r["trace"]:
         print("  " + line)
     return 0

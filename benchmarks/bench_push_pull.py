@@ -65,8 +65,9 @@ def child_gloo(args: argparse.Namespace) -> None:
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=os.environ["INIT_METHOD"], rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=os.environ["INIT_METHOD"], rank=rank, world_size=world
+    )
     ts = [torch.from_numpy(a) for a in _tensors(args.total_mb, args.tensor_mb, rank)]
     times: List[float] = []
     for it in range(args.warmup + args.iters):
@@ -90,14 +91,33 @@ def _result(out: str) -> Dict[str, float]:
 
 
 def _child_args(args: argparse.Namespace, system: str) -> List[str]:
-    return [sys.executable, HERE, "--child", system, "--total-mb", str(args.total_mb),
-            "--tensor-mb", str(args.tensor_mb), "--iters", str(args.iters),
-            "--warmup", str(args.warmup)]
+    return [
+        sys.executable,
+        HERE,
+        "--child",
+        system,
+        "--total-mb",
+        str(args.total_mb),
+        "--tensor-mb",
+        str(args.tensor_mb),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+    ]
 
 
 def run_fastps(args: argparse.Namespace, workers: int, servers: int) -> float:
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(workers), "--num-servers",
-           str(servers), *_child_args(args, "fastps")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(workers),
+        "--num-servers",
+        str(servers),
+        *_child_args(args, "fastps"),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if p.returncode != 0:
         raise RuntimeError(
@@ -110,10 +130,18 @@ def run_gloo(args: argparse.Namespace, workers: int) -> float:
     init = f"tcp://127.0.0.1:{_free_port()}"
     procs = []
     for r in range(workers):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(workers), INIT_METHOD=init,
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(_child_args(args, "gloo"), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ, RANK=str(r), WORLD_SIZE=str(workers), INIT_METHOD=init, OMP_NUM_THREADS="1"
+        )
+        procs.append(
+            subprocess.Popen(
+                _child_args(args, "gloo"),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = []
     deadline = time.time() + args.timeout
     for p in procs:
@@ -146,21 +174,27 @@ def main() -> None:
 
     mb = args.total_mb
     rows = []
-    print(f"push_pull of {mb} MiB as {max(1, mb // args.tensor_mb)} x {args.tensor_mb} MiB "
-          f"float32 on loopback, {os.cpu_count()} CPUs; medians of {args.repeats} runs x "
-          f"{args.iters} iterations")
+    print(
+        f"push_pull of {mb} MiB as {max(1, mb // args.tensor_mb)} x {args.tensor_mb} MiB "
+        f"float32 on loopback, {os.cpu_count()} CPUs; medians of {args.repeats} runs x "
+        f"{args.iters} iterations"
+    )
     print(f"{'workers':>7} {'system':<22} {'time ms':>9} {'GB/s':>7} {'vs gloo':>8}")
     for n in args.workers:
         gloo = statistics.median(run_gloo(args, n) for _ in range(args.repeats))
         rows.append({"workers": n, "system": "gloo all_reduce", "seconds": gloo, "ratio": 1.0})
-        print(f"{n:>7} {'gloo all_reduce':<22} {gloo * 1e3:>9.1f} {mb / 1024 / gloo:>7.2f} "
-              f"{1.0:>8.2f}")
+        print(
+            f"{n:>7} {'gloo all_reduce':<22} {gloo * 1e3:>9.1f} {mb / 1024 / gloo:>7.2f} "
+            f"{1.0:>8.2f}"
+        )
         for k in args.servers:
             t = statistics.median(run_fastps(args, n, k) for _ in range(args.repeats))
             label = f"fastps {k} server{'s' if k > 1 else ''}"
             rows.append({"workers": n, "system": label, "seconds": t, "ratio": gloo / t})
-            print(f"{n:>7} {label:<22} {t * 1e3:>9.1f} {mb / 1024 / t:>7.2f} {gloo / t:>8.2f}",
-                  flush=True)
+            print(
+                f"{n:>7} {label:<22} {t * 1e3:>9.1f} {mb / 1024 / t:>7.2f} {gloo / t:>8.2f}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

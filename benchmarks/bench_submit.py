@@ -42,13 +42,20 @@ def child(args: argparse.Namespace) -> None:
             fastps.barrier()
             t0 = time.perf_counter()
             if mode == "each":
-                handles = [fastps.push_pull_async(grads[i], average=False, name=sizes[i][0],
-                                                  priority=-i, out=grads[i]) for i in order]
+                handles = [
+                    fastps.push_pull_async(
+                        grads[i], average=False, name=sizes[i][0], priority=-i, out=grads[i]
+                    )
+                    for i in order
+                ]
             else:
                 handles = fastps.grouped_push_pull_async(
-                    [grads[i] for i in order], average=False,
-                    names=[sizes[i][0] for i in order], priorities=[-i for i in order],
-                    outs=[grads[i] for i in order])
+                    [grads[i] for i in order],
+                    average=False,
+                    names=[sizes[i][0] for i in order],
+                    priorities=[-i for i in order],
+                    outs=[grads[i] for i in order],
+                )
             t1 = time.perf_counter()
             for h in handles:
                 h.synchronize()
@@ -59,20 +66,30 @@ def child(args: argparse.Namespace) -> None:
         row["submit"] += submit
         row["total"] += total
     if fastps.rank() == 0:
-        print("RESULT " + json.dumps({m: {k: statistics.median(v) for k, v in r.items()}
-                                      for m, r in rows.items()}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {m: {k: statistics.median(v) for k, v in r.items()} for m, r in rows.items()}
+            ),
+            flush=True,
+        )
     fastps.shutdown()
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--model", default="resnet50")
-    ap.add_argument("--scale", type=float, default=0.05,
-                    help="fraction of every tensor to move (keeps the tensor count)")
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=0.05,
+        help="fraction of every tensor to move (keeps the tensor count)",
+    )
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="alternations of the two modes")
@@ -81,18 +98,38 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(args.workers), "--num-servers",
-           str(args.servers), sys.executable, os.path.abspath(__file__), "--child",
-           "--model", args.model, "--scale", str(args.scale), "--iters", str(args.iters),
-           "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(args.workers),
+        "--num-servers",
+        str(args.servers),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--model",
+        args.model,
+        "--scale",
+        str(args.scale),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
     line = next((x for x in p.stdout.splitlines() if "RESULT " in x), None)
     if p.returncode != 0 or line is None:
         print(p.stdout[-3000:] + p.stderr[-3000:], file=sys.stderr)
         return 1
     res = json.loads(line.split("RESULT ", 1)[1])
-    print(f"{args.model} x{args.scale:g}, {args.workers} workers, {args.servers} server(s), "
-          f"medians of {args.iters * args.repeats} iterations (rank 0)")
+    print(
+        f"{args.model} x{args.scale:g}, {args.workers} workers, {args.servers} server(s), "
+        f"medians of {args.iters * args.repeats} iterations (rank 0)"
+    )
     print(f"{'start':>6} {'submit ms':>10} {'total ms':>9}")
     for mode in ("each", "group"):
         print(f"{mode:>6} {1e3 * res[mode]['submit']:10.2f} {1e3 * res[mode]['total']:9.2f}")

@@ -25,39 +25,73 @@ from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "torch" / "synthetic_benchmark.py"
-RESULT = re.compile(r"RESULT system=(\S+) model=(\S+) batch_size=(\d+) workers=(\d+) "
-                    r"per_worker=([0-9.]+) total=([0-9.]+)")
+RESULT = re.compile(
+    r"RESULT system=(\S+) model=(\S+) batch_size=(\d+) workers=(\d+) "
+    r"per_worker=([0-9.]+) total=([0-9.]+)"
+)
 
 
 def run_once(system: str, model: str, args: argparse.Namespace) -> Optional[float]:
     """One benchmark run; returns total samples/second, or None if it failed."""
-    common = ["--model", model, "--batch-size", str(args.batch_size),
-              "--num-warmup-batches", str(args.num_warmup),
-              "--num-batches-per-iter", str(args.num_batches_per_iter),
-              "--num-iters", str(args.num_iters)]
+    common = [
+        "--model",
+        model,
+        "--batch-size",
+        str(args.batch_size),
+        "--num-warmup-batches",
+        str(args.num_warmup),
+        "--num-batches-per-iter",
+        str(args.num_batches_per_iter),
+        "--num-iters",
+        str(args.num_iters),
+    ]
     if system == "fastps":
-        cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(args.np),
-               "--num-servers", str(args.num_servers), sys.executable, str(SCRIPT), *common]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastps.launcher",
+            "-np",
+            str(args.np),
+            "--num-servers",
+            str(args.num_servers),
+            sys.executable,
+            str(SCRIPT),
+            *common,
+        ]
     else:
         cmd = [sys.executable, str(SCRIPT), "--ddp", "--ddp-np", str(args.np), *common]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("FASTPS_") and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                         "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FASTPS_")
+        and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     try:
-        res = subprocess.run(cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=args.run_timeout)
+        res = subprocess.run(
+            cmd,
+            env=env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=args.run_timeout,
+        )
     except subprocess.TimeoutExpired:
         print(f"  {system} {model}: timed out after {args.run_timeout}s", flush=True)
         return None
     found = RESULT.search(res.stdout)
     if not found:
-        print(f"  {system} {model}: failed (exit {res.returncode})\n{res.stdout[-2000:]}",
-              flush=True)
+        print(
+            f"  {system} {model}: failed (exit {res.returncode})\n{res.stdout[-2000:]}", flush=True
+        )
         return None
     if res.returncode != 0:  # e.g. a crash while tearing down, after the measurement
-        print(f"  {system} {model}: exit {res.returncode} after reporting its result:\n"
-              f"{res.stdout[-600:]}", flush=True)
+        print(
+            f"  {system} {model}: exit {res.returncode} after reporting its result:\n"
+            f"{res.stdout[-600:]}",
+            flush=True,
+        )
     return float(found.group(6))
 
 
@@ -88,16 +122,22 @@ def main() -> int:
                 total = run_once(system, model, args)
                 if total is not None:
                     results[model][system].append(total)
-                    print(f"  {model:6s} {system:8s} repeat {rep + 1}: {total:8.1f} samples/s",
-                          flush=True)
+                    print(
+                        f"  {model:6s} {system:8s} repeat {rep + 1}: {total:8.1f} samples/s",
+                        flush=True,
+                    )
 
     print()
-    print(f"workers: {args.np} (one process each), fastps servers: {args.num_servers}, "
-          f"batch {args.batch_size}/worker, {args.num_iters} x {args.num_batches_per_iter} "
-          f"timed batches after {args.num_warmup} warmup, median of {args.repeats}")
+    print(
+        f"workers: {args.np} (one process each), fastps servers: {args.num_servers}, "
+        f"batch {args.batch_size}/worker, {args.num_iters} x {args.num_batches_per_iter} "
+        f"timed batches after {args.num_warmup} warmup, median of {args.repeats}"
+    )
     print()
-    print("| model | fastps samples/s (median) | DDP-Gloo samples/s (median) | fastps / DDP "
-          "(median) | fastps / DDP (best) | fastps runs | DDP runs |")
+    print(
+        "| model | fastps samples/s (median) | DDP-Gloo samples/s (median) | fastps / DDP "
+        "(median) | fastps / DDP (best) | fastps runs | DDP runs |"
+    )
     print("|---|---:|---:|---:|---:|---|---|")
     status = 0
     for model, per in results.items():
@@ -108,12 +148,16 @@ def main() -> int:
         dm = statistics.median(d) if d else float("nan")
         ratio = fm / dm if f and d else float("nan")
         best = max(f) / max(d) if f and d else float("nan")
-        print(f"| {model} | {fm:.1f} | {dm:.1f} | {ratio:.2f} | {best:.2f} | "
-              f"{', '.join(f'{v:.0f}' for v in f)} | {', '.join(f'{v:.0f}' for v in d)} |")
+        print(
+            f"| {model} | {fm:.1f} | {dm:.1f} | {ratio:.2f} | {best:.2f} | "
+            f"{', '.join(f'{v:.0f}' for v in f)} | {', '.join(f'{v:.0f}' for v in d)} |"
+        )
     print()
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"total time {time.time() - started:.0f}s; load average at the end: {load} "
-          f"on {os.cpu_count()} cores")
+    print(
+        f"total time {time.time() - started:.0f}s; load average at the end: {load} "
+        f"on {os.cpu_count()} cores"
+    )
     return status
 
 

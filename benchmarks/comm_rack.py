@@ -50,9 +50,25 @@ from benchmarks import rack_common as rc  # noqa: E402
 
 SYSTEMS = ("fastps", "gloo", "mxnet")
 FIELDS = [
-    "model", "system", "n", "k", "rate_mbit", "link_goodput_mbit", "model_mb", "tensors",
-    "iters", "time_s", "time_min_s", "goodput_gbit", "bound_s", "frac_bound",
-    "bound_nominal_s", "frac_bound_nominal", "allreduce_bound_s", "status", "note",
+    "model",
+    "system",
+    "n",
+    "k",
+    "rate_mbit",
+    "link_goodput_mbit",
+    "model_mb",
+    "tensors",
+    "iters",
+    "time_s",
+    "time_min_s",
+    "goodput_gbit",
+    "bound_s",
+    "frac_bound",
+    "bound_nominal_s",
+    "frac_bound_nominal",
+    "allreduce_bound_s",
+    "status",
+    "note",
 ]
 
 
@@ -88,12 +104,17 @@ def child_fastps(args: argparse.Namespace) -> None:
         order = list(reversed(range(len(grads))))  # backward order: last layer first
         if args.submit == "group":
             handles = fastps.grouped_push_pull_async(
-                [grads[i] for i in order], average=False, names=[sizes[i][0] for i in order],
-                priorities=[-i for i in order], outs=[grads[i] for i in order])
+                [grads[i] for i in order],
+                average=False,
+                names=[sizes[i][0] for i in order],
+                priorities=[-i for i in order],
+                outs=[grads[i] for i in order],
+            )
         else:
             handles = [
-                fastps.push_pull_async(grads[i], average=False, name=sizes[i][0], priority=-i,
-                                       out=grads[i])
+                fastps.push_pull_async(
+                    grads[i], average=False, name=sizes[i][0], priority=-i, out=grads[i]
+                )
                 for i in order
             ]
         for h in handles:
@@ -137,12 +158,18 @@ def child_gloo(args: argparse.Namespace) -> None:
     sizes = _child_common(args)
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank, world_size=n, timeout=datetime.timedelta(seconds=args.op_timeout))
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=n,
+        timeout=datetime.timedelta(seconds=args.op_timeout),
+    )
     want = n * (n + 1) / 2
     # Like DDP with gradient_as_bucket_view: each gradient is a view into a flat bucket.
-    flats = [torch.empty(sum(sizes[i][1] for i in b), dtype=torch.float32)
-             for b in _buckets(sizes, args.bucket_mb << 20)]
+    flats = [
+        torch.empty(sum(sizes[i][1] for i in b), dtype=torch.float32)
+        for b in _buckets(sizes, args.bucket_mb << 20)
+    ]
     times: List[float] = []
     spans: List[Tuple[float, float]] = []
     bad = 0
@@ -160,8 +187,9 @@ def child_gloo(args: argparse.Namespace) -> None:
         bad += sum(int(f[0].item() != want or f[-1].item() != want) for f in flats)
         if it >= args.warmup:
             times.append(dt)
-    rc.emit_result(_summary(times, bad, {"rank": rank, "n": n, "buckets": len(flats),
-                                         "spans": spans}), rank)
+    rc.emit_result(
+        _summary(times, bad, {"rank": rank, "n": n, "buckets": len(flats), "spans": spans}), rank
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -207,10 +235,27 @@ CHILDREN = {"fastps": child_fastps, "gloo": child_gloo, "mxnet": child_mxnet}
 
 
 def _child_argv(python: str, system: str, args: argparse.Namespace, model: str) -> List[str]:
-    return [python, "-m", "benchmarks.comm_rack", "--child", system, "--model", model,
-            "--scale", str(args.scale), "--iters", str(args.iters), "--warmup",
-            str(args.warmup), "--bucket-mb", str(args.bucket_mb), "--op-timeout",
-            str(int(args.run_timeout)), "--submit", args.submit]
+    return [
+        python,
+        "-m",
+        "benchmarks.comm_rack",
+        "--child",
+        system,
+        "--model",
+        model,
+        "--scale",
+        str(args.scale),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--bucket-mb",
+        str(args.bucket_mb),
+        "--op-timeout",
+        str(int(args.run_timeout)),
+        "--submit",
+        args.submit,
+    ]
 
 
 def _collect(out_dir: Path, n: int) -> Tuple[Optional[List[float]], str]:
@@ -238,8 +283,16 @@ class Runner:
         self.port += 3
         return self.port
 
-    def row(self, model: str, system: str, n: int, k: int, times: Optional[List[float]],
-            status: str, note: str = "") -> Dict[str, Any]:
+    def row(
+        self,
+        model: str,
+        system: str,
+        n: int,
+        k: int,
+        times: Optional[List[float]],
+        status: str,
+        note: str = "",
+    ) -> Dict[str, Any]:
         sizes = rc.gradient_sizes(model, self.args.scale)
         model_bytes = 4 * sum(c for _, c in sizes)
         b_meas = self.link_mbit * 1e6 / 8
@@ -247,17 +300,30 @@ class Runner:
         bound = rc.fastps_bound_s(n, k, model_bytes, b_meas)
         bound_nom = rc.fastps_bound_s(n, k, model_bytes, b_nom)
         row: Dict[str, Any] = {
-            "model": model, "system": system, "n": n, "k": k, "rate_mbit": self.args.rate,
-            "link_goodput_mbit": self.link_mbit, "model_mb": model_bytes / 1e6,
-            "tensors": len(sizes), "iters": len(times or []), "bound_s": bound,
+            "model": model,
+            "system": system,
+            "n": n,
+            "k": k,
+            "rate_mbit": self.args.rate,
+            "link_goodput_mbit": self.link_mbit,
+            "model_mb": model_bytes / 1e6,
+            "tensors": len(sizes),
+            "iters": len(times or []),
+            "bound_s": bound,
             "bound_nominal_s": bound_nom,
             "allreduce_bound_s": rc.allreduce_bound_s(n, model_bytes, b_meas),
-            "status": status, "note": note,
+            "status": status,
+            "note": note,
         }
         if times:
             t = statistics.median(times)
-            row.update(time_s=t, time_min_s=min(times), goodput_gbit=model_bytes * 8 / t / 1e9,
-                       frac_bound=bound / t, frac_bound_nominal=bound_nom / t)
+            row.update(
+                time_s=t,
+                time_min_s=min(times),
+                goodput_gbit=model_bytes * 8 / t / 1e9,
+                frac_bound=bound / t,
+                frac_bound_nominal=bound_nom / t,
+            )
         return row
 
     def start_linkstat(self, tag: str) -> Optional[Tuple[Any, Path]]:
@@ -267,9 +333,23 @@ class Runner:
         self.args.linkstats.mkdir(parents=True, exist_ok=True)
         out = self.args.linkstats / f"{tag}.csv"
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.rack.switch_ns, sys.executable, "-m",
-             "benchmarks.rack.linkstat", "--out", str(out), "--interval-ms", "5",
-             "--seconds", str(self.args.run_timeout)], cwd=str(rc.REPO))
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.rack.switch_ns,
+                sys.executable,
+                "-m",
+                "benchmarks.rack.linkstat",
+                "--out",
+                str(out),
+                "--interval-ms",
+                "5",
+                "--seconds",
+                str(self.args.run_timeout),
+            ],
+            cwd=str(rc.REPO),
+        )
         return proc, out
 
     def stop_linkstat(self, sampler: Tuple[Any, Path], result_dir: Path, n: int) -> None:
@@ -296,13 +376,13 @@ class Runner:
                 # Defaults: each process reads its host's link rate (the htb class here)
                 # and paces its flows (--fastps-env FASTPS_LINK_MBIT=0 turns that off).
                 env.update(args.fastps_env)
-                launch = rc.start_fastps(self.rack, n, k, argv, port, env,
-                                         timeout_s=args.run_timeout, label=f"fps{port}")
+                launch = rc.start_fastps(
+                    self.rack, n, k, argv, port, env, timeout_s=args.run_timeout, label=f"fps{port}"
+                )
             elif system == "gloo":
                 launch = rc.start_gloo(self.rack, n, argv, port, env, label=f"gloo{port}")
             elif system == "mxnet":
-                launch = rc.start_mxnet(self.rack, n, k, python, argv, port, env,
-                                        label=f"mx{port}")
+                launch = rc.start_mxnet(self.rack, n, k, python, argv, port, env, label=f"mx{port}")
             else:
                 raise ValueError(system)
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
@@ -317,10 +397,13 @@ class Runner:
                 print("    " + "\n    ".join(err.splitlines()[-25:]), flush=True)
             return self.row(model, system, n, k, None, status)
         row = self.row(model, system, n, k, times, "ok", f"wall {wall:.0f} s")
-        print(f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
-              f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
-              f"({row['bound_s']:.3f} s), {100 * row['frac_bound_nominal']:.0f}% of nominal "
-              f"bound ({row['bound_nominal_s']:.3f} s) [{wall:.0f} s wall]", flush=True)
+        print(
+            f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
+            f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
+            f"({row['bound_s']:.3f} s), {100 * row['frac_bound_nominal']:.0f}% of nominal "
+            f"bound ({row['bound_nominal_s']:.3f} s) [{wall:.0f} s wall]",
+            flush=True,
+        )
         return row
 
 
@@ -334,17 +417,23 @@ def _first_error(err: str) -> str:
 
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
     print()
-    print(f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
-          f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s}  status")
+    print(
+        f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
+        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s}  status"
+    )
     for r in rows:
         if "time_s" in r:
-            print(f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} "
-                  f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
-                  f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}%  "
-                  f"{r['status']} {r['note']}")
+            print(
+                f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} "
+                f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
+                f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}%  "
+                f"{r['status']} {r['note']}"
+            )
         else:
-            print(f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
-                  f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s}  {r['status']}")
+            print(
+                f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
+                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s}  {r['status']}"
+            )
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -370,13 +459,18 @@ def orchestrate(args: argparse.Namespace) -> int:
     k_max = max(args.cpu_hosts)
     rows: List[Dict[str, Any]] = []
     t0 = time.monotonic()
-    with Rack(n_workers=n_max, n_cpu_hosts=k_max, rate_mbit=args.rate,
-              prefix=args.prefix) as rack:
+    with Rack(n_workers=n_max, n_cpu_hosts=k_max, rate_mbit=args.rate, prefix=args.prefix) as rack:
         link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
-        print(f"comm_rack: rack n={n_max} k={k_max} at {args.rate} Mbit/s; measured link "
-              f"goodput {link:.1f} Mbit/s ({link / args.rate:.3f} of rate)", flush=True)
-        meta = {**meta, "rack": f"{n_max} worker hosts + {k_max} CPU hosts, "
-                f"{args.rate} Mbit/s per host, measured goodput {link:.1f} Mbit/s"}
+        print(
+            f"comm_rack: rack n={n_max} k={k_max} at {args.rate} Mbit/s; measured link "
+            f"goodput {link:.1f} Mbit/s ({link / args.rate:.3f} of rate)",
+            flush=True,
+        )
+        meta = {
+            **meta,
+            "rack": f"{n_max} worker hosts + {k_max} CPU hosts, "
+            f"{args.rate} Mbit/s per host, measured goodput {link:.1f} Mbit/s",
+        }
         runner = Runner(rack, args, link)
         for model in args.models:
             for n in args.workers:
@@ -384,19 +478,26 @@ def orchestrate(args: argparse.Namespace) -> int:
                 for k in args.cpu_hosts:
                     for system in systems:
                         if system in skipped:
-                            rows.append(runner.row(model, system, n, k, None,
-                                                   "skipped: " + skipped[system]))
+                            rows.append(
+                                runner.row(model, system, n, k, None, "skipped: " + skipped[system])
+                            )
                             continue
                         if system == "gloo":  # k has no meaning for all-reduce: once per n
                             if system not in once:
-                                once[system] = runner.run_one(system, model, n, 0,
-                                                              pythons[system])
+                                once[system] = runner.run_one(system, model, n, 0, pythons[system])
                             base = once[system]
                             times = None
                             if "time_s" in base:
                                 times = [base["time_s"]] * max(1, base["iters"])
-                            r = runner.row(model, system, n, k, times, base["status"],
-                                           "measured once per n (k unused)")
+                            r = runner.row(
+                                model,
+                                system,
+                                n,
+                                k,
+                                times,
+                                base["status"],
+                                "measured once per n (k unused)",
+                            )
                             if "time_s" in base:
                                 r.update(time_min_s=base["time_min_s"], iters=base["iters"])
                             rows.append(r)
@@ -423,34 +524,56 @@ def _env_pairs(items: Sequence[str]) -> Dict[str, str]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(rc.MODELS))
     p.add_argument("--workers", "-n", nargs="+", type=int, default=[4])
     p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0, 1, 2, 4])
     p.add_argument("--rate", type=float, default=1000.0, help="Mbit/s per host link")
-    p.add_argument("--systems", nargs="+", default=["fastps", "gloo", "mxnet"],
-                   choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=["fastps", "gloo", "mxnet"], choices=SYSTEMS)
     p.add_argument("--iters", type=int, default=3, help="timed iterations per run")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="fraction of every gradient tensor to move (0 < scale <= 1)")
-    p.add_argument("--bucket-mb", type=int, default=25,
-                   help="Gloo all_reduce bucket size in MiB, as DDP (0: one call per tensor)")
-    p.add_argument("--submit", choices=["group", "each"], default="group",
-                   help="fastps: start all tensors in one grouped_push_pull_async (group) or "
-                        "one push_pull_async per tensor (each)")
-    p.add_argument("--fastps-env", nargs="*", default=[],
-                   help="extra FASTPS_NAME=value settings for every fastps process")
-    p.add_argument("--run-timeout", type=float, default=300.0,
-                   help="hard bound in seconds on one system's run")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="fraction of every gradient tensor to move (0 < scale <= 1)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=int,
+        default=25,
+        help="Gloo all_reduce bucket size in MiB, as DDP (0: one call per tensor)",
+    )
+    p.add_argument(
+        "--submit",
+        choices=["group", "each"],
+        default="group",
+        help="fastps: start all tensors in one grouped_push_pull_async (group) or "
+        "one push_pull_async per tensor (each)",
+    )
+    p.add_argument(
+        "--fastps-env",
+        nargs="*",
+        default=[],
+        help="extra FASTPS_NAME=value settings for every fastps process",
+    )
+    p.add_argument(
+        "--run-timeout", type=float, default=300.0, help="hard bound in seconds on one system's run"
+    )
     p.add_argument("--measure-seconds", type=float, default=3.0)
     p.add_argument("--prefix", default="fpsr")
     p.add_argument("--base-port", type=int, default=29400)
     p.add_argument("--out", type=Path, default=rc.RESULTS_DIR / "comm.csv")
-    p.add_argument("--linkstats", type=Path, default=None, metavar="DIR",
-                   help="sample every host link every 5 ms during each run into DIR "
-                        "(benchmarks/rack/linkstat.py) with the workers' iteration spans")
+    p.add_argument(
+        "--linkstats",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sample every host link every 5 ms during each run into DIR "
+        "(benchmarks/rack/linkstat.py) with the workers' iteration spans",
+    )
     # child mode (started by the orchestrator inside a host namespace)
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)

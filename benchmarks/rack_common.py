@@ -45,8 +45,26 @@ Shape = Tuple[int, ...]
 
 def vgg16_shapes(num_classes: int = 1000) -> List[Tuple[str, Shape]]:
     """Trainable tensors of VGG-16 (configuration D, 224x224 input), forward order."""
-    plan: List[Any] = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-                       512, 512, 512, "M", 512, 512, 512, "M"]
+    plan: List[Any] = [
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+    ]
     out: List[Tuple[str, Shape]] = []
     cin = 3
     idx = 0
@@ -72,8 +90,11 @@ def resnet50_shapes(num_classes: int = 1000) -> List[Tuple[str, Shape]]:
     Batch-norm scale and shift are trainable (they get gradients); running statistics are
     buffers and are not synchronised.
     """
-    out: List[Tuple[str, Shape]] = [("conv1.weight", (64, 3, 7, 7)),
-                                    ("bn1.weight", (64,)), ("bn1.bias", (64,))]
+    out: List[Tuple[str, Shape]] = [
+        ("conv1.weight", (64, 3, 7, 7)),
+        ("bn1.weight", (64,)),
+        ("bn1.bias", (64,)),
+    ]
     inplanes = 64
     for stage, (planes, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), 1):
         for b in range(blocks):
@@ -86,8 +107,10 @@ def resnet50_shapes(num_classes: int = 1000) -> List[Tuple[str, Shape]]:
             out += [(f"{p}.bn3.weight", (planes * 4,)), (f"{p}.bn3.bias", (planes * 4,))]
             if b == 0:
                 out.append((f"{p}.downsample.0.weight", (planes * 4, inplanes, 1, 1)))
-                out += [(f"{p}.downsample.1.weight", (planes * 4,)),
-                        (f"{p}.downsample.1.bias", (planes * 4,))]
+                out += [
+                    (f"{p}.downsample.1.weight", (planes * 4,)),
+                    (f"{p}.downsample.1.bias", (planes * 4,)),
+                ]
             inplanes = planes * 4
     out += [("fc.weight", (num_classes, 2048)), ("fc.bias", (num_classes,))]
     return out
@@ -140,12 +163,23 @@ def allreduce_bound_s(n: int, model_bytes: float, goodput_bytes_s: float) -> flo
 
 def git_commit() -> str:
     try:
-        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                             capture_output=True, text=True, timeout=10, check=False)
+        res = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         head = res.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True, timeout=10,
-                               check=False).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -157,7 +191,8 @@ def provenance(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
         args[0] = os.path.relpath(args[0], REPO)
     return {
         "command": "python -m " + module_name(args[0]) + " " + " ".join(args[1:])
-        if args and args[0].endswith(".py") else " ".join(args),
+        if args and args[0].endswith(".py")
+        else " ".join(args),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "machine": f"{os.cpu_count()} CPUs, {_mem_gib():.0f} GiB RAM, {os.uname().release}",
@@ -192,8 +227,9 @@ def _mem_gib() -> float:
     return 0.0
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
-              meta: Mapping[str, str]) -> None:
+def write_csv(
+    path: Path, rows: Sequence[Mapping[str, Any]], fields: Sequence[str], meta: Mapping[str, str]
+) -> None:
     """CSV with ``# key: value`` provenance lines first (read back by :func:`read_csv`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -276,9 +312,16 @@ def _cpu_hosts(rack: Any, k: int) -> List[Any]:
     return list(rack.cpu_hosts[:k])
 
 
-def start_fastps(rack: Any, n: int, k: int, worker_argv: Sequence[str], port: int,
-                 extra_env: Optional[Mapping[str, str]] = None, timeout_s: float = 120.0,
-                 label: str = "fastps") -> Launch:
+def start_fastps(
+    rack: Any,
+    n: int,
+    k: int,
+    worker_argv: Sequence[str],
+    port: int,
+    extra_env: Optional[Mapping[str, str]] = None,
+    timeout_s: float = 120.0,
+    label: str = "fastps",
+) -> Launch:
     """Scheduler on w0, servers on w0..w{n-1} and c0..c{k-1}, one worker per worker host."""
     workers = list(rack.workers[:n])
     if len(workers) < n:
@@ -298,24 +341,46 @@ def start_fastps(rack: Any, n: int, k: int, worker_argv: Sequence[str], port: in
     }
     py = sys.executable
     launch = Launch()
-    launch.procs.append(rack.spawn(workers[0], [py, "-m", "fastps.scheduler"],
-                                   env={**job, "FASTPS_ROLE": "scheduler"}, cwd=str(REPO),
-                                   label=f"{label}-sched"))
+    launch.procs.append(
+        rack.spawn(
+            workers[0],
+            [py, "-m", "fastps.scheduler"],
+            env={**job, "FASTPS_ROLE": "scheduler"},
+            cwd=str(REPO),
+            label=f"{label}-sched",
+        )
+    )
     for sid, host in enumerate(server_hosts):
-        launch.procs.append(rack.spawn(
-            host, [py, "-m", "fastps.server"],
-            env={**job, "FASTPS_ROLE": "server", "FASTPS_SERVER_ID": str(sid)},
-            cwd=str(REPO), label=f"{label}-s{sid}"))
+        launch.procs.append(
+            rack.spawn(
+                host,
+                [py, "-m", "fastps.server"],
+                env={**job, "FASTPS_ROLE": "server", "FASTPS_SERVER_ID": str(sid)},
+                cwd=str(REPO),
+                label=f"{label}-s{sid}",
+            )
+        )
     for rank, host in enumerate(workers):
-        launch.procs.append(rack.spawn(
-            host, list(worker_argv),
-            env={**job, "FASTPS_ROLE": "worker", "FASTPS_RANK": str(rank)},
-            cwd=str(REPO), label=f"{label}-w{rank}"))
+        launch.procs.append(
+            rack.spawn(
+                host,
+                list(worker_argv),
+                env={**job, "FASTPS_ROLE": "worker", "FASTPS_RANK": str(rank)},
+                cwd=str(REPO),
+                label=f"{label}-w{rank}",
+            )
+        )
     return launch
 
 
-def start_gloo(rack: Any, n: int, worker_argv: Sequence[str], port: int,
-               extra_env: Optional[Mapping[str, str]] = None, label: str = "gloo") -> Launch:
+def start_gloo(
+    rack: Any,
+    n: int,
+    worker_argv: Sequence[str],
+    port: int,
+    extra_env: Optional[Mapping[str, str]] = None,
+    label: str = "gloo",
+) -> Launch:
     """One torch.distributed (Gloo) process per worker host; the TCP store on w0."""
     workers = list(rack.workers[:n])
     launch = Launch()
@@ -330,13 +395,22 @@ def start_gloo(rack: Any, n: int, worker_argv: Sequence[str], port: int,
             **QUIET_THREADS,
             **(extra_env or {}),
         }
-        launch.procs.append(rack.spawn(host, list(worker_argv), env=env, cwd=str(REPO),
-                                       label=f"{label}-w{rank}"))
+        launch.procs.append(
+            rack.spawn(host, list(worker_argv), env=env, cwd=str(REPO), label=f"{label}-w{rank}")
+        )
     return launch
 
 
-def start_mxnet(rack: Any, n: int, k: int, python: str, worker_argv: Sequence[str], port: int,
-                extra_env: Optional[Mapping[str, str]] = None, label: str = "mxnet") -> Launch:
+def start_mxnet(
+    rack: Any,
+    n: int,
+    k: int,
+    python: str,
+    worker_argv: Sequence[str],
+    port: int,
+    extra_env: Optional[Mapping[str, str]] = None,
+    label: str = "mxnet",
+) -> Launch:
     """MXNet dist_sync KVStore: ps-lite scheduler on w0, servers where fastps has them."""
     workers = list(rack.workers[:n])
     server_hosts = workers + _cpu_hosts(rack, k)
@@ -356,21 +430,41 @@ def start_mxnet(rack: Any, n: int, k: int, python: str, worker_argv: Sequence[st
     clean = {"PYTHONPATH": str(REPO), "PYTHONNOUSERSITE": "1"}
     server_cmd = [python, "-c", "import mxnet"]  # importing mxnet runs the role's loop
     launch = Launch()
-    launch.procs.append(rack.spawn(workers[0], server_cmd,
-                                   env={**common, **clean, "DMLC_ROLE": "scheduler",
-                                        "DMLC_NODE_HOST": workers[0].addr},
-                                   cwd=str(REPO), label=f"{label}-sched"))
+    launch.procs.append(
+        rack.spawn(
+            workers[0],
+            server_cmd,
+            env={**common, **clean, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": workers[0].addr},
+            cwd=str(REPO),
+            label=f"{label}-sched",
+        )
+    )
     for sid, host in enumerate(server_hosts):
-        launch.procs.append(rack.spawn(host, server_cmd,
-                                       env={**common, **clean, "DMLC_ROLE": "server",
-                                            "DMLC_NODE_HOST": host.addr},
-                                       cwd=str(REPO), label=f"{label}-s{sid}"))
+        launch.procs.append(
+            rack.spawn(
+                host,
+                server_cmd,
+                env={**common, **clean, "DMLC_ROLE": "server", "DMLC_NODE_HOST": host.addr},
+                cwd=str(REPO),
+                label=f"{label}-s{sid}",
+            )
+        )
     for rank, host in enumerate(workers):
-        launch.procs.append(rack.spawn(host, list(worker_argv),
-                                       env={**common, **clean, "DMLC_ROLE": "worker",
-                                            "DMLC_NODE_HOST": host.addr,
-                                            "RACK_RANK_HINT": str(rank)},
-                                       cwd=str(REPO), label=f"{label}-w{rank}"))
+        launch.procs.append(
+            rack.spawn(
+                host,
+                list(worker_argv),
+                env={
+                    **common,
+                    **clean,
+                    "DMLC_ROLE": "worker",
+                    "DMLC_NODE_HOST": host.addr,
+                    "RACK_RANK_HINT": str(rank),
+                },
+                cwd=str(REPO),
+                label=f"{label}-w{rank}",
+            )
+        )
     return launch
 
 
@@ -380,8 +474,14 @@ def mxnet_python() -> Tuple[Optional[str], str]:
     script = REPO / "tests" / "envs" / "mxnet.sh"
     if script.exists():
         try:
-            res = subprocess.run(["bash", str(script)], cwd=REPO, capture_output=True,
-                                 text=True, timeout=900, check=False)
+            res = subprocess.run(
+                ["bash", str(script)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
             lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
             if res.returncode == 0 and lines:
                 candidates.append(lines[-1])
@@ -392,12 +492,19 @@ def mxnet_python() -> Tuple[Optional[str], str]:
     for py in candidates:
         if not (os.path.exists(py) or shutil.which(py)):
             continue
-        probe = ("import mxnet; from mxnet.runtime import Features; "
-                 "print(mxnet.__version__, Features().is_enabled('DIST_KVSTORE'))")
+        probe = (
+            "import mxnet; from mxnet.runtime import Features; "
+            "print(mxnet.__version__, Features().is_enabled('DIST_KVSTORE'))"
+        )
         try:
-            res = subprocess.run([py, "-c", probe], capture_output=True, text=True,
-                                 timeout=120, check=False,
-                                 env={**os.environ, "PYTHONNOUSERSITE": "1"})
+            res = subprocess.run(
+                [py, "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+                env={**os.environ, "PYTHONNOUSERSITE": "1"},
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             why = f"{py}: {exc}"
             continue
@@ -420,4 +527,3 @@ def wait_all(rack: Any, launch: Launch, timeout_s: float) -> Tuple[bool, str]:
         return True, ""
     except RackProcessError as exc:
         return False, str(exc)[-4000:]
-

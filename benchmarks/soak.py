@@ -95,11 +95,18 @@ def run(args: argparse.Namespace) -> int:
     sched = Scheduler(args.workers, args.servers, job_id, token, timeout=60.0)
     sched.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
-    env.update(FASTPS_SCHEDULER_ADDR=sched.address_text, FASTPS_JOB_ID=job_id,
-               FASTPS_TOKEN=token, FASTPS_NUM_WORKERS=str(args.workers),
-               FASTPS_NUM_SERVERS=str(args.servers), FASTPS_HOST="127.0.0.1",
-               FASTPS_OP_TIMEOUT="600", PYTHONUNBUFFERED="1")
+    env.update(
+        FASTPS_SCHEDULER_ADDR=sched.address_text,
+        FASTPS_JOB_ID=job_id,
+        FASTPS_TOKEN=token,
+        FASTPS_NUM_WORKERS=str(args.workers),
+        FASTPS_NUM_SERVERS=str(args.servers),
+        FASTPS_HOST="127.0.0.1",
+        FASTPS_OP_TIMEOUT="600",
+        PYTHONUNBUFFERED="1",
+    )
     procs: List[Tuple[str, subprocess.Popen]] = []
+
     # "split": every worker on its own emulated host (FASTPS_HOSTNAME), server s on worker
     # s's host: parts cross the servers' sockets and the colocated shared-memory path.
     # "one": everything on one host: the local reduce is the total, servers stay idle.
@@ -107,14 +114,27 @@ def run(args: argparse.Namespace) -> int:
         return {} if args.hosts == "one" else {"FASTPS_HOSTNAME": f"soakhost{i}"}
 
     for s in range(args.servers):
-        procs.append((f"server{s}", subprocess.Popen(
-            [sys.executable, "-m", "fastps.server"],
-            env=dict(env, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s), **host(s)))))
+        procs.append(
+            (
+                f"server{s}",
+                subprocess.Popen(
+                    [sys.executable, "-m", "fastps.server"],
+                    env=dict(env, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s), **host(s)),
+                ),
+            )
+        )
     for r in range(args.workers):
-        procs.append((f"worker{r}", subprocess.Popen(
-            [sys.executable, HERE, "--worker", str(args.duration)],
-            env=dict(env, FASTPS_ROLE="worker", FASTPS_RANK=str(r), **host(r)),
-            stdout=subprocess.PIPE, text=True)))
+        procs.append(
+            (
+                f"worker{r}",
+                subprocess.Popen(
+                    [sys.executable, HERE, "--worker", str(args.duration)],
+                    env=dict(env, FASTPS_ROLE="worker", FASTPS_RANK=str(r), **host(r)),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                ),
+            )
+        )
     samples: List[Dict[str, object]] = []
     t0 = time.monotonic()
     while any(p.poll() is None for _, p in procs):
@@ -139,9 +159,11 @@ def run(args: argparse.Namespace) -> int:
     # A sample catches whatever arrays are alive at that instant, so compare the largest
     # value in the first window after warm-up with the largest in the last window.
     win = max(args.every * 3, (args.duration - warm) * 0.2)
-    print(f"\n{args.workers} workers, {args.servers} servers, hosts={args.hosts}, "
-          f"{args.duration:g} s, samples every {args.every:g} s; max over the first "
-          f"{win:.0f} s after warm-up ({warm:.0f} s) -> max over the last {win:.0f} s:")
+    print(
+        f"\n{args.workers} workers, {args.servers} servers, hosts={args.hosts}, "
+        f"{args.duration:g} s, samples every {args.every:g} s; max over the first "
+        f"{win:.0f} s after warm-up ({warm:.0f} s) -> max over the last {win:.0f} s:"
+    )
     print(f"{'process':10} {'anon MiB':>16} {'change':>8} {'shm MiB':>16} {'fds':>10}")
     worst = 0.0
     for name in [n for n, _ in procs]:
@@ -160,8 +182,10 @@ def run(args: argparse.Namespace) -> int:
         f0, f1 = peak(first, "fds"), peak(last, "fds")
         growth = 100.0 * (a1 - a0) / a0
         worst = max(worst, abs(growth))
-        print(f"{name:10} {a0 / 1024:6.1f} -> {a1 / 1024:6.1f} {growth:+7.1f}% "
-              f"{s0 / 1024:6.1f} -> {s1 / 1024:6.1f} {f0:4d} -> {f1:<4d}")
+        print(
+            f"{name:10} {a0 / 1024:6.1f} -> {a1 / 1024:6.1f} {growth:+7.1f}% "
+            f"{s0 / 1024:6.1f} -> {s1 / 1024:6.1f} {f0:4d} -> {f1:<4d}"
+        )
     print(f"largest anonymous-memory change after warm-up: {worst:.1f}%")
     print(f"exit codes: {codes}")
     return 0 if all(c == 0 for c in codes.values()) else 1
@@ -176,8 +200,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=0.2, help="fraction of the run ignored")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--servers", type=int, default=1)
-    ap.add_argument("--hosts", choices=("split", "one"), default="split",
-                    help="emulate one host per worker (default) or put everything on one")
+    ap.add_argument(
+        "--hosts",
+        choices=("split", "one"),
+        default="split",
+        help="emulate one host per worker (default) or put everything on one",
+    )
     ap.add_argument("--csv", default=None, help="write every sample here")
     args = ap.parse_args()
     if args.worker is not None:

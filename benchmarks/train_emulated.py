@@ -42,11 +42,30 @@ if __package__ in (None, ""):
 from benchmarks import rack_common as rc  # noqa: E402
 from benchmarks.emulator import models as em  # noqa: E402
 
-FIELDS = ["model", "ratio", "system", "network", "n", "k", "rate_mbit", "goodput_mbit",
-          "compute_nominal_s", "compute_s", "bound_s", "ideal_s", "iter_s", "iter_p50_s",
-          "iter_p99_s", "frac_ideal", "speedup_vs_ddp", "deferred_frac", "stall_s", "gc2",
-          "load",
-          "status"]
+FIELDS = [
+    "model",
+    "ratio",
+    "system",
+    "network",
+    "n",
+    "k",
+    "rate_mbit",
+    "goodput_mbit",
+    "compute_nominal_s",
+    "compute_s",
+    "bound_s",
+    "ideal_s",
+    "iter_s",
+    "iter_p50_s",
+    "iter_p99_s",
+    "frac_ideal",
+    "speedup_vs_ddp",
+    "deferred_frac",
+    "stall_s",
+    "gc2",
+    "load",
+    "status",
+]
 LR = 0.01
 SYSTEMS = ("fastps-cb", "fastps", "ddp")
 
@@ -71,8 +90,9 @@ class _GcWatch:
             self.pauses[int(info["generation"])].append(time.perf_counter() - self._t0)
 
 
-def _train(args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any,
-           barrier: Any, finish: Any) -> Dict[str, Any]:
+def _train(
+    args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any, barrier: Any, finish: Any
+) -> Dict[str, Any]:
     import torch
 
     x = torch.zeros(1)
@@ -99,15 +119,20 @@ def _train(args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any
     got = [float(p.detach().reshape(-1)[-1]) for p in model.parameters()]
     worst = max(abs(a - b) for a, b in zip(expected, got))
     if worst > 1e-6:
-        raise SystemExit(f"rank {rank}: parameters differ from the expected average "
-                         f"update by {worst:.3g}")
+        raise SystemExit(
+            f"rank {rank}: parameters differ from the expected average update by {worst:.3g}"
+        )
     diffs = [b - a for a, b in zip(marks, marks[1:])]
-    return {"iter_s": (marks[-1] - marks[0]) / args.steps, "diffs": diffs,
-            "gc": {str(g): v for g, v in watch.pauses.items()}}
+    return {
+        "iter_s": (marks[-1] - marks[0]) / args.steps,
+        "diffs": diffs,
+        "gc": {str(g): v for g, v in watch.pauses.items()},
+    }
 
 
 def em_expected(spec: Any, world: int, steps: int) -> List[float]:
     from benchmarks.emulator.sleeper import expected_update
+
     return expected_update(spec, world, LR, steps)
 
 
@@ -134,8 +159,9 @@ def child_fastps(args: argparse.Namespace) -> None:
     hvd.init()
     rank, world = hvd.rank(), hvd.size()
     model, sgd = _model(args, rank)
-    opt = hvd.DistributedOptimizer(sgd(model.parameters(), lr=LR),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        sgd(model.parameters(), lr=LR), named_parameters=model.named_parameters()
+    )
     cb = opt._fastps.cross
     res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
     res["cross_barrier"] = cb is not None
@@ -155,8 +181,12 @@ def child_ddp(args: argparse.Namespace) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.op_timeout))
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=args.op_timeout),
+    )
     model, sgd = _model(args, rank)
     ddp = DDP(model)
     ddp.spec = model.spec
@@ -181,9 +211,12 @@ def _summary(res: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
         return diffs[min(len(diffs) - 1, int(q * (len(diffs) - 1) + 0.5))]
 
     gc2 = [p for r in res.values() for p in r["gc"].get("2", [])]
-    out = {"iter_s": max(r["iter_s"] for r in res.values()), "iter_p50_s": pct(0.5),
-           "iter_p99_s": pct(0.99),
-           "gc2": f"{len(gc2)} (max {1e3 * max(gc2):.0f} ms)" if gc2 else "0"}
+    out = {
+        "iter_s": max(r["iter_s"] for r in res.values()),
+        "iter_p50_s": pct(0.5),
+        "iter_p99_s": pct(0.99),
+        "gc2": f"{len(gc2)} (max {1e3 * max(gc2):.0f} ms)" if gc2 else "0",
+    }
     fracs = [r["deferred_frac"] for r in res.values() if "deferred_frac" in r]
     if fracs:
         out["deferred_frac"] = statistics.mean(fracs)
@@ -199,15 +232,29 @@ class Runner:
 
     def argv(self, child: str, model: str, iteration_s: float) -> List[str]:
         a = self.args
-        return [sys.executable, "-m", "benchmarks.train_emulated", "--child", child,
-                "--model", model, "--iteration-s", f"{iteration_s:.6f}", "--steps",
-                str(a.steps), "--warmup", str(a.warmup), "--op-timeout",
-                str(int(a.run_timeout))]
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.train_emulated",
+            "--child",
+            child,
+            "--model",
+            model,
+            "--iteration-s",
+            f"{iteration_s:.6f}",
+            "--steps",
+            str(a.steps),
+            "--warmup",
+            str(a.warmup),
+            "--op-timeout",
+            str(int(a.run_timeout)),
+        ]
 
     # -- launching, per network
 
-    def run(self, rack: Any, system: str, model: str, iteration_s: float,
-            k: int) -> Tuple[Optional[Dict[int, Dict[str, Any]]], str]:
+    def run(
+        self, rack: Any, system: str, model: str, iteration_s: float, k: int
+    ) -> Tuple[Optional[Dict[int, Dict[str, Any]]], str]:
         a = self.args
         self.port += 3
         n = 1 if system == "single" else a.workers
@@ -215,8 +262,9 @@ class Runner:
         if system.startswith("fastps"):
             env["FASTPS_CROSS_BARRIER"] = "1" if system == "fastps-cb" else "0"
             env.update(a.fastps_env)
-        child = {"single": "single", "fastps-cb": "fastps", "fastps": "fastps",
-                 "ddp": "ddp"}[system]
+        child = {"single": "single", "fastps-cb": "fastps", "fastps": "fastps", "ddp": "ddp"}[
+            system
+        ]
         argv = self.argv(child, model, iteration_s)
         with tempfile.TemporaryDirectory(prefix="emu-") as tmp:
             env["RACK_RESULT_DIR"] = tmp
@@ -229,24 +277,45 @@ class Runner:
             return None, f"failed ({len(res)} of {n} results): {_first_error(err)}"
         return res, ""
 
-    def _local(self, system: str, n: int, argv: List[str],
-               env: Dict[str, str]) -> Tuple[bool, str]:
+    def _local(self, system: str, n: int, argv: List[str], env: Dict[str, str]) -> Tuple[bool, str]:
         full = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         procs: List[subprocess.Popen] = []
         if system == "single":
-            procs.append(subprocess.Popen(argv, env=full, cwd=rc.REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    argv, env=full, cwd=rc.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                )
+            )
         elif system.startswith("fastps"):
-            cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(n), "--num-servers",
-                   str(n), *argv]
-            procs.append(subprocess.Popen(cmd, env=full, cwd=rc.REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            cmd = [
+                sys.executable,
+                "-m",
+                "fastps.launcher",
+                "-np",
+                str(n),
+                "--num-servers",
+                str(n),
+                *argv,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=full, cwd=rc.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                )
+            )
         else:
             for r in range(n):
-                e = {**full, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
-                     "RANK": str(r), "WORLD_SIZE": str(n)}
-                procs.append(subprocess.Popen(argv, env=e, cwd=rc.REPO,
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                e = {
+                    **full,
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(self.port),
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                }
+                procs.append(
+                    subprocess.Popen(
+                        argv, env=e, cwd=rc.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                    )
+                )
         deadline = time.monotonic() + self.args.run_timeout
         out = []
         ok = True
@@ -261,15 +330,18 @@ class Runner:
             ok = ok and p.returncode == 0
         return ok, "\n".join(out)[-4000:]
 
-    def _rack(self, rack: Any, system: str, n: int, k: int, argv: List[str],
-              env: Dict[str, str]) -> Tuple[bool, str]:
+    def _rack(
+        self, rack: Any, system: str, n: int, k: int, argv: List[str], env: Dict[str, str]
+    ) -> Tuple[bool, str]:
         a = self.args
         if system == "single":
-            launch = rc.Launch([rack.spawn(rack.workers[0], argv, env=env, cwd=str(rc.REPO),
-                                           label="emu-single")])
+            launch = rc.Launch(
+                [rack.spawn(rack.workers[0], argv, env=env, cwd=str(rc.REPO), label="emu-single")]
+            )
         elif system.startswith("fastps"):
-            launch = rc.start_fastps(rack, n, k, argv, self.port, env,
-                                     timeout_s=a.run_timeout, label=f"emu{self.port}")
+            launch = rc.start_fastps(
+                rack, n, k, argv, self.port, env, timeout_s=a.run_timeout, label=f"emu{self.port}"
+            )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
         return rc.wait_all(rack, launch, a.run_timeout)
@@ -287,23 +359,37 @@ class Runner:
         else:
             iteration_s = float(ratio) * bound0_nominal
         network = "loopback" if rack is None else f"rack {a.rate:g} Mbit/s"
-        base = {"model": model, "ratio": ratio, "network": network, "n": a.workers,
-                "rate_mbit": a.rate if rack is not None else "",
-                "goodput_mbit": goodput_mbit if rack is not None else "",
-                "compute_nominal_s": iteration_s}
+        base = {
+            "model": model,
+            "ratio": ratio,
+            "network": network,
+            "n": a.workers,
+            "rate_mbit": a.rate if rack is not None else "",
+            "goodput_mbit": goodput_mbit if rack is not None else "",
+            "compute_nominal_s": iteration_s,
+        }
         res, err = self.run(rack, "single", model, iteration_s, 0)
         if res is None:
             self._add({**base, "system": "compute alone", "status": err})
             return
         compute = _summary(res)["iter_s"]
-        self._add({**base, "system": "compute alone", "k": "", "compute_s": compute,
-                   "iter_s": compute, **_summary(res), "load": rc.load_text(),
-                   "status": "ok"})
+        self._add(
+            {
+                **base,
+                "system": "compute alone",
+                "k": "",
+                "compute_s": compute,
+                "iter_s": compute,
+                **_summary(res),
+                "load": rc.load_text(),
+                "status": "ok",
+            }
+        )
         good = goodput_mbit * 1e6 / 8
         ddp_row: Optional[Dict[str, Any]] = None
         rows: List[Dict[str, Any]] = []
         for system in a.systems:
-            for k in (a.cpu_hosts if system.startswith("fastps") else [0]):
+            for k in a.cpu_hosts if system.startswith("fastps") else [0]:
                 if rack is None:
                     bound = 0.0
                 elif system == "ddp":
@@ -311,10 +397,19 @@ class Runner:
                 else:
                     bound = rc.fastps_bound_s(a.workers, k, model_bytes, good)
                 ideal = max(compute, bound)
-                label = {"fastps-cb": "fastps cross-barrier", "fastps": "fastps sync step",
-                         "ddp": "DDP-Gloo"}[system]
-                row = {**base, "system": label, "k": k, "compute_s": compute,
-                       "bound_s": bound, "ideal_s": ideal}
+                label = {
+                    "fastps-cb": "fastps cross-barrier",
+                    "fastps": "fastps sync step",
+                    "ddp": "DDP-Gloo",
+                }[system]
+                row = {
+                    **base,
+                    "system": label,
+                    "k": k,
+                    "compute_s": compute,
+                    "bound_s": bound,
+                    "ideal_s": ideal,
+                }
                 res, err = self.run(rack, system, model, iteration_s, k)
                 row["load"] = rc.load_text()  # 1-minute average: mostly this run
                 if res is None:
@@ -337,21 +432,31 @@ class Runner:
     def _add(self, row: Dict[str, Any]) -> None:
         self.rows.append(row)
         if row.get("status") != "ok":
-            print(f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} "
-                  f"{row.get('status')}", flush=True)
+            print(
+                f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} "
+                f"{row.get('status')}",
+                flush=True,
+            )
             return
         extra = ""
         if "frac_ideal" in row:
-            extra = (f" ideal {row['ideal_s']:.3f} s (bound {row['bound_s']:.3f} s) -> "
-                     f"{row['frac_ideal']:.3f} of ideal")
+            extra = (
+                f" ideal {row['ideal_s']:.3f} s (bound {row['bound_s']:.3f} s) -> "
+                f"{row['frac_ideal']:.3f} of ideal"
+            )
         k = f"k={row['k']}" if row.get("k") != "" else ""
         if "stall_s" in row:
-            extra += (f"; deferred {100 * row['deferred_frac']:.0f}% of updates, forward "
-                      f"blocked {row['stall_s']:.3f} s/iter")
-        print(f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} {k:4s} "
-              f"{row['iter_s']:.3f} s/iter (p50 {row['iter_p50_s']:.3f}, p99 "
-              f"{row['iter_p99_s']:.3f}; gen-2 gc {row['gc2']}){extra} "
-              f"[load {row.get('load', '')}]", flush=True)
+            extra += (
+                f"; deferred {100 * row['deferred_frac']:.0f}% of updates, forward "
+                f"blocked {row['stall_s']:.3f} s/iter"
+            )
+        print(
+            f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} {k:4s} "
+            f"{row['iter_s']:.3f} s/iter (p50 {row['iter_p50_s']:.3f}, p99 "
+            f"{row['iter_p99_s']:.3f}; gen-2 gc {row['gc2']}){extra} "
+            f"[load {row.get('load', '')}]",
+            flush=True,
+        )
 
 
 def _first_error(err: str) -> str:
@@ -363,8 +468,10 @@ def _first_error(err: str) -> str:
 
 
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
-    print(f"\n{'model':8s} {'ratio':>5s} {'system':22s} {'k':>2s} {'s/iter':>7s} "
-          f"{'ideal':>7s} {'frac':>6s} {'vs DDP':>7s} {'p99/p50':>7s}  load")
+    print(
+        f"\n{'model':8s} {'ratio':>5s} {'system':22s} {'k':>2s} {'s/iter':>7s} "
+        f"{'ideal':>7s} {'frac':>6s} {'vs DDP':>7s} {'p99/p50':>7s}  load"
+    )
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {r.get('status')}")
@@ -372,16 +479,19 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
         frac = f"{r['frac_ideal']:6.3f}" if "frac_ideal" in r else f"{'-':>6s}"
         sp = f"{r['speedup_vs_ddp']:7.2f}" if "speedup_vs_ddp" in r else f"{'-':>7s}"
         ideal = f"{r['ideal_s']:7.3f}" if "ideal_s" in r else f"{'-':>7s}"
-        print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {str(r.get('k', '')):>2s} "
-              f"{r['iter_s']:7.3f} {ideal} {frac} {sp} "
-              f"{r['iter_p99_s'] / r['iter_p50_s']:7.2f}  {r.get('load', '')}")
+        print(
+            f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {str(r.get('k', '')):>2s} "
+            f"{r['iter_s']:7.3f} {ideal} {frac} {sp} "
+            f"{r['iter_p99_s'] / r['iter_p50_s']:7.2f}  {r.get('load', '')}"
+        )
 
 
 def orchestrate(args: argparse.Namespace) -> int:
     runner = Runner(args)
     runner.meta = rc.provenance()
-    runner.meta["compute"] = ("emulated (benchmarks/emulator): per-layer sleeps; V100 "
-                              "reference x10 (docs/benchmarks.md)")
+    runner.meta["compute"] = (
+        "emulated (benchmarks/emulator): per-layer sleeps; V100 reference x10 (docs/benchmarks.md)"
+    )
     t0 = time.monotonic()
     if args.network == "loopback":
         for model in args.models:
@@ -394,11 +504,18 @@ def orchestrate(args: argparse.Namespace) -> int:
         if not ok:
             print(f"train_emulated: emulated rack not supported here: {why}", file=sys.stderr)
             return 2
-        with Rack(n_workers=args.workers, n_cpu_hosts=max(args.cpu_hosts),
-                  rate_mbit=args.rate, prefix=args.prefix) as rack:
+        with Rack(
+            n_workers=args.workers,
+            n_cpu_hosts=max(args.cpu_hosts),
+            rate_mbit=args.rate,
+            prefix=args.prefix,
+        ) as rack:
             link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
-            print(f"train_emulated: rack n={args.workers} k<={max(args.cpu_hosts)} at "
-                  f"{args.rate:g} Mbit/s; measured goodput {link:.1f} Mbit/s", flush=True)
+            print(
+                f"train_emulated: rack n={args.workers} k<={max(args.cpu_hosts)} at "
+                f"{args.rate:g} Mbit/s; measured goodput {link:.1f} Mbit/s",
+                flush=True,
+            )
             runner.meta["goodput"] = f"{link:.1f} Mbit/s"
             for model in args.models:
                 for ratio in args.ratios:
@@ -414,12 +531,17 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--network", choices=["rack", "loopback"], default="rack")
     p.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(em.MODELS))
-    p.add_argument("--ratios", nargs="+", default=["1"],
-                   help="compute / communication bound at k=0 (e.g. 0.5 1 2), or ref")
+    p.add_argument(
+        "--ratios",
+        nargs="+",
+        default=["1"],
+        help="compute / communication bound at k=0 (e.g. 0.5 1 2), or ref",
+    )
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--workers", "-n", type=int, default=4)
     p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0])

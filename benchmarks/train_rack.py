@@ -45,8 +45,22 @@ if __package__ in (None, ""):
 from benchmarks import rack_common as rc  # noqa: E402
 
 FIELDS = [
-    "model", "system", "n", "k", "rate_mbit", "link_goodput_mbit", "batch", "steps",
-    "samples_per_s", "step_s", "frac_linear", "params_m", "grad_mb", "api", "status", "note",
+    "model",
+    "system",
+    "n",
+    "k",
+    "rate_mbit",
+    "link_goodput_mbit",
+    "batch",
+    "steps",
+    "samples_per_s",
+    "step_s",
+    "frac_linear",
+    "params_m",
+    "grad_mb",
+    "api",
+    "status",
+    "note",
 ]
 MODEL_BATCH = {"vgg": 32, "resnet": 16}
 
@@ -71,8 +85,13 @@ def build_model(name: str) -> Any:
                     cin = int(item)
             self.features = nn.Sequential(*layers)
             self.classifier = nn.Sequential(
-                nn.Flatten(), nn.Linear(64 * 4 * 4, 4096), nn.ReLU(inplace=True),
-                nn.Linear(4096, 1024), nn.ReLU(inplace=True), nn.Linear(1024, 10))
+                nn.Flatten(),
+                nn.Linear(64 * 4 * 4, 4096),
+                nn.ReLU(inplace=True),
+                nn.Linear(4096, 1024),
+                nn.ReLU(inplace=True),
+                nn.Linear(1024, 10),
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.classifier(self.features(x))
@@ -86,21 +105,28 @@ def build_model(name: str) -> Any:
             self.bn2 = nn.BatchNorm2d(cout)
             self.short: nn.Module = nn.Identity()
             if stride != 1 or cin != cout:
-                self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                           nn.BatchNorm2d(cout))
+                self.short = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = torch.relu(self.bn1(self.conv1(x)))
             return torch.relu(self.bn2(self.conv2(y)) + self.short(x))
 
     class ResNetLike(nn.Module):
-        def __init__(self, widths: Tuple[int, ...] = (32, 64, 128, 256),
-                     blocks: Tuple[int, ...] = (2, 2, 2, 2)) -> None:
+        def __init__(
+            self,
+            widths: Tuple[int, ...] = (32, 64, 128, 256),
+            blocks: Tuple[int, ...] = (2, 2, 2, 2),
+        ) -> None:
             super().__init__()
             # A stride-2 stem (stages at 16, 8, 4, 2 pixels) keeps the compute per step small
             # enough that 4 workers sharing 2 cores still wait on the network.
-            self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 2, 1, bias=False),
-                                      nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True))
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, widths[0], 3, 2, 1, bias=False),
+                nn.BatchNorm2d(widths[0]),
+                nn.ReLU(inplace=True),
+            )
             stages: List[nn.Module] = []
             cin = widths[0]
             for i, (w, b) in enumerate(zip(widths, blocks)):
@@ -212,8 +238,10 @@ def _fastps_core_step(args: argparse.Namespace) -> Tuple[Any, Any, Any, int, str
     def hook(index: int, name: str) -> Any:
         def fire(p: Any) -> None:
             g = p.grad.numpy()  # contiguous CPU float32, summed in place
-            pending.append(fastps.push_pull_async(g, average=True, name=name,
-                                                  priority=-index, out=g))
+            pending.append(
+                fastps.push_pull_async(g, average=True, name=name, priority=-index, out=g)
+            )
+
         return fire
 
     for i, (name, p) in enumerate(params):
@@ -244,8 +272,9 @@ def child_fastps(args: argparse.Namespace) -> None:
     import fastps
 
     elapsed, steps = _timed_loop(args, step, fastps.barrier)
-    rc.emit_result({"elapsed": elapsed, "step_times": steps, "api": api,
-                    "checksum": _checksum(model)}, rank)
+    rc.emit_result(
+        {"elapsed": elapsed, "step_times": steps, "api": api, "checksum": _checksum(model)}, rank
+    )
     fastps.barrier()
     done()
 
@@ -258,8 +287,12 @@ def child_ddp(args: argparse.Namespace) -> None:
 
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank, world_size=n, timeout=datetime.timedelta(seconds=args.op_timeout))
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=n,
+        timeout=datetime.timedelta(seconds=args.op_timeout),
+    )
     torch, model, x, y = _setup(args, rank)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
@@ -271,8 +304,15 @@ def child_ddp(args: argparse.Namespace) -> None:
         opt.step()
 
     elapsed, steps = _timed_loop(args, step, dist.barrier)
-    rc.emit_result({"elapsed": elapsed, "step_times": steps, "api": "torch DDP (gloo)",
-                    "checksum": _checksum(model)}, rank)
+    rc.emit_result(
+        {
+            "elapsed": elapsed,
+            "step_times": steps,
+            "api": "torch DDP (gloo)",
+            "checksum": _checksum(model),
+        },
+        rank,
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -295,24 +335,58 @@ class Trainer:
 
     def argv(self, system: str, model: str) -> List[str]:
         a = self.args
-        return [sys.executable, "-m", "benchmarks.train_rack", "--child", system, "--model",
-                model, "--batch", str(a.batch.get(model, MODEL_BATCH[model])), "--steps",
-                str(a.steps), "--warmup", str(a.warmup), "--api", self.api,
-                "--op-timeout", str(int(a.run_timeout))]
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.train_rack",
+            "--child",
+            system,
+            "--model",
+            model,
+            "--batch",
+            str(a.batch.get(model, MODEL_BATCH[model])),
+            "--steps",
+            str(a.steps),
+            "--warmup",
+            str(a.warmup),
+            "--api",
+            self.api,
+            "--op-timeout",
+            str(int(a.run_timeout)),
+        ]
 
-    def base_row(self, model: str, system: str, n: int, k: int, rate: float,
-                 link: float) -> Dict[str, Any]:
+    def base_row(
+        self, model: str, system: str, n: int, k: int, rate: float, link: float
+    ) -> Dict[str, Any]:
         params_m, grad_mb = self.stats[model]
-        return {"model": model, "system": system, "n": n, "k": k, "rate_mbit": rate,
-                "link_goodput_mbit": link,
-                "batch": self.args.batch.get(model, MODEL_BATCH[model]),
-                "steps": self.args.steps, "params_m": params_m, "grad_mb": grad_mb}
+        return {
+            "model": model,
+            "system": system,
+            "n": n,
+            "k": k,
+            "rate_mbit": rate,
+            "link_goodput_mbit": link,
+            "batch": self.args.batch.get(model, MODEL_BATCH[model]),
+            "steps": self.args.steps,
+            "params_m": params_m,
+            "grad_mb": grad_mb,
+        }
 
-    def finish(self, row: Dict[str, Any], res: Dict[int, Dict[str, Any]], n: int,
-               ok: bool, err: str, check: bool) -> Dict[str, Any]:
+    def finish(
+        self,
+        row: Dict[str, Any],
+        res: Dict[int, Dict[str, Any]],
+        n: int,
+        ok: bool,
+        err: str,
+        check: bool,
+    ) -> Dict[str, Any]:
         if len(res) != n:
-            row["status"] = "failed: " + (_first_error(err) if not ok else "") + \
-                f" (results from {len(res)} of {n} workers)"
+            row["status"] = (
+                "failed: "
+                + (_first_error(err) if not ok else "")
+                + f" (results from {len(res)} of {n} workers)"
+            )
             return row
         if check:
             sums = [r["checksum"] for r in res.values()]
@@ -330,8 +404,9 @@ class Trainer:
         row["status"] = "ok"
         return row
 
-    def launch(self, rack: Any, system: str, model: str, n: int, k: int, rate: float,
-               link: float) -> Dict[str, Any]:
+    def launch(
+        self, rack: Any, system: str, model: str, n: int, k: int, rate: float, link: float
+    ) -> Dict[str, Any]:
         self.port += 3
         label = f"fastps k={k}" if system == "fastps" else "DDP-Gloo"
         row = self.base_row(model, label, n, k, rate, link)
@@ -339,13 +414,20 @@ class Trainer:
         with tempfile.TemporaryDirectory(prefix=f"train-{system}-") as tmp:
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
-                launch = rc.start_fastps(rack, n, k, self.argv("fastps", model), self.port,
-                                         {**env, **self.args.fastps_env},
-                                         timeout_s=self.args.run_timeout,
-                                         label=f"fps{self.port}")
+                launch = rc.start_fastps(
+                    rack,
+                    n,
+                    k,
+                    self.argv("fastps", model),
+                    self.port,
+                    {**env, **self.args.fastps_env},
+                    timeout_s=self.args.run_timeout,
+                    label=f"fps{self.port}",
+                )
             else:
-                launch = rc.start_gloo(rack, n, self.argv("ddp", model), self.port, env,
-                                       label=f"ddp{self.port}")
+                launch = rc.start_gloo(
+                    rack, n, self.argv("ddp", model), self.port, env, label=f"ddp{self.port}"
+                )
             ok, err = rc.wait_all(rack, launch, self.args.run_timeout)
             res = rc.read_results(Path(tmp))
         row = self.finish(row, res, n, ok, err, check=True)
@@ -355,11 +437,11 @@ class Trainer:
         _report(row)
         return row
 
-    def run_fastps(self, rack: Any, model: str, n: int, k: int, rate: float,
-                   link: float) -> Dict[str, Any]:
+    def run_fastps(
+        self, rack: Any, model: str, n: int, k: int, rate: float, link: float
+    ) -> Dict[str, Any]:
         row = self.launch(rack, "fastps", model, n, k, rate, link)
-        if (row["status"] != "ok" and self.api == "plugin"
-                and self.args.fastps_api == "auto"):
+        if row["status"] != "ok" and self.api == "plugin" and self.args.fastps_api == "auto":
             self.api = "core"
             self.api_note = f"fastps.torch failed ({row['status'][:200]}); core API used"
             print(f"  train_rack: {self.api_note}", flush=True)
@@ -374,11 +456,16 @@ class Trainer:
         for count, system in ((1, "linear scaling"), (n, "no sync (CPU ceiling)")):
             row = self.base_row(model, system, n, 0, 0.0, 0.0)
             with tempfile.TemporaryDirectory(prefix="train-single-") as tmp:
-                procs = [rack.spawn(rack.workers[i], self.argv("single", model),
-                                    env={"RACK_RESULT_DIR": tmp, "RACK_RANK": str(i),
-                                         **rc.QUIET_THREADS},
-                                    cwd=str(rc.REPO), label=f"single{i}")
-                         for i in range(count)]
+                procs = [
+                    rack.spawn(
+                        rack.workers[i],
+                        self.argv("single", model),
+                        env={"RACK_RESULT_DIR": tmp, "RACK_RANK": str(i), **rc.QUIET_THREADS},
+                        cwd=str(rc.REPO),
+                        label=f"single{i}",
+                    )
+                    for i in range(count)
+                ]
                 ok, err = rc.wait_all(rack, rc.Launch(procs), self.args.run_timeout)
                 res = rc.read_results(Path(tmp))
             row = self.finish(row, res, count, ok, err, check=False)
@@ -408,26 +495,38 @@ def _report(row: Dict[str, Any]) -> None:
     if row.get("status") == "ok":
         frac = row.get("frac_linear")
         fr = f", {100 * frac:.0f}% of linear" if isinstance(frac, float) else ""
-        print(f"  {row['model']:6s} {row['system']:22s} rate={row['rate_mbit']:>6g}: "
-              f"{row['samples_per_s']:8.1f} samples/s ({row['step_s']:.3f} s/step{fr}) "
-              f"[{row.get('note', '')}]", flush=True)
+        print(
+            f"  {row['model']:6s} {row['system']:22s} rate={row['rate_mbit']:>6g}: "
+            f"{row['samples_per_s']:8.1f} samples/s ({row['step_s']:.3f} s/step{fr}) "
+            f"[{row.get('note', '')}]",
+            flush=True,
+        )
     else:
-        print(f"  {row['model']:6s} {row['system']:22s} rate={row['rate_mbit']:>6g}: "
-              f"{row.get('status')}", flush=True)
+        print(
+            f"  {row['model']:6s} {row['system']:22s} rate={row['rate_mbit']:>6g}: "
+            f"{row.get('status')}",
+            flush=True,
+        )
 
 
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
-    print(f"\n{'model':6s} {'system':22s} {'Mbit/s':>7s} {'samples/s':>10s} {'s/step':>7s} "
-          f"{'%linear':>8s}  status")
+    print(
+        f"\n{'model':6s} {'system':22s} {'Mbit/s':>7s} {'samples/s':>10s} {'s/step':>7s} "
+        f"{'%linear':>8s}  status"
+    )
     for r in rows:
         if r.get("status") == "ok":
             frac = r.get("frac_linear")
             fr = f"{100 * frac:7.1f}%" if isinstance(frac, float) else f"{'-':>8s}"
-            print(f"{r['model']:6s} {r['system']:22s} {r['rate_mbit']:7g} "
-                  f"{r['samples_per_s']:10.1f} {r['step_s']:7.3f} {fr}  ok")
+            print(
+                f"{r['model']:6s} {r['system']:22s} {r['rate_mbit']:7g} "
+                f"{r['samples_per_s']:10.1f} {r['step_s']:7.3f} {fr}  ok"
+            )
         else:
-            print(f"{r['model']:6s} {r['system']:22s} {r['rate_mbit']:7g} {'-':>10s} "
-                  f"{'-':>7s} {'-':>8s}  {r.get('status')}")
+            print(
+                f"{r['model']:6s} {r['system']:22s} {r['rate_mbit']:7g} {'-':>10s} "
+                f"{'-':>7s} {'-':>8s}  {r.get('status')}"
+            )
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -438,8 +537,10 @@ def orchestrate(args: argparse.Namespace) -> int:
         print(f"train_rack: emulated rack not supported here: {why}", file=sys.stderr)
         return 2
     meta = rc.provenance()
-    meta["compute"] = (f"{os.cpu_count()} CPU cores shared by all {args.workers} workers and "
-                       "the servers (one math thread each); synthetic 32x32 data")
+    meta["compute"] = (
+        f"{os.cpu_count()} CPU cores shared by all {args.workers} workers and "
+        "the servers (one math thread each); synthetic 32x32 data"
+    )
     tr = Trainer(args)
     rows: List[Dict[str, Any]] = []
     n = args.workers
@@ -448,8 +549,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     for ri, rate in enumerate(args.rates):
         with Rack(n_workers=n, n_cpu_hosts=k_max, rate_mbit=rate, prefix=args.prefix) as rack:
             link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
-            print(f"train_rack: rack n={n} k={k_max} at {rate:g} Mbit/s; measured link "
-                  f"goodput {link:.1f} Mbit/s ({link / rate:.3f} of rate)", flush=True)
+            print(
+                f"train_rack: rack n={n} k={k_max} at {rate:g} Mbit/s; measured link "
+                f"goodput {link:.1f} Mbit/s ({link / rate:.3f} of rate)",
+                flush=True,
+            )
             meta[f"rack_{rate:g}"] = f"measured goodput {link:.1f} Mbit/s"
             for model in args.models:
                 if ri == 0:  # the ceiling does not depend on the network: once per model
@@ -466,8 +570,14 @@ def orchestrate(args: argparse.Namespace) -> int:
     rc.write_csv(args.out, rows, FIELDS, meta)
     _print_table(rows)
     print(f"\ntrain_rack: wrote {args.out} ({time.monotonic() - t0:.0f} s)")
-    return 1 if any(r.get("status", "").startswith("failed") and
-                    str(r["system"]).startswith("fastps") for r in rows) else 0
+    return (
+        1
+        if any(
+            r.get("status", "").startswith("failed") and str(r["system"]).startswith("fastps")
+            for r in rows
+        )
+        else 0
+    )
 
 
 def _batches(items: Sequence[str]) -> Dict[str, int]:
@@ -481,19 +591,33 @@ def _batches(items: Sequence[str]) -> Dict[str, int]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=["vgg", "resnet"], choices=sorted(MODEL_BATCH))
     p.add_argument("--workers", "-n", type=int, default=4)
     p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0, 2])
-    p.add_argument("--rates", nargs="+", type=float, default=[1000.0, 2500.0, 5000.0],
-                   help="Mbit/s per host link, one rack each")
+    p.add_argument(
+        "--rates",
+        nargs="+",
+        type=float,
+        default=[1000.0, 2500.0, 5000.0],
+        help="Mbit/s per host link, one rack each",
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--batch", nargs="*", default=[],
-                   help="per-model batch size, e.g. vgg=32 resnet=16 (the defaults)")
-    p.add_argument("--fastps-api", choices=["auto", "plugin", "core"], default="auto",
-                   help="auto: fastps.torch, falling back to the core API if it fails")
+    p.add_argument(
+        "--batch",
+        nargs="*",
+        default=[],
+        help="per-model batch size, e.g. vgg=32 resnet=16 (the defaults)",
+    )
+    p.add_argument(
+        "--fastps-api",
+        choices=["auto", "plugin", "core"],
+        default="auto",
+        help="auto: fastps.torch, falling back to the core API if it fails",
+    )
     p.add_argument("--fastps-env", nargs="*", default=[])
     p.add_argument("--run-timeout", type=float, default=240.0)
     p.add_argument("--measure-seconds", type=float, default=3.0)

@@ -519,8 +519,10 @@ def push_pull_raw(
     batch: Optional[_Batch] = getattr(_batching, "batch", None)
     if batch is not None and batch.st is st:
         handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])
-        batch.add((in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, priority,
-                   float(scale)), handle)
+        batch.add(
+            (in_buf.ptr, out_buf.ptr, in_buf.nbytes, in_buf.dtype, name, priority, float(scale)),
+            handle,
+        )
         return handle
     try:
         hid = st.worker.push_pull(

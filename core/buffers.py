@@ -97,8 +97,10 @@ def raw_buffer(
     if name is None:
         name = _NAME_OF.setdefault(arr.dtype, arr.dtype.name)
     if dtype is not None and dtype != name:
-        if dtype not in SUPPORTED_DTYPES or np.dtype(_ITEMSIZE_OF.get(dtype, dtype)).itemsize != \
-                arr.dtype.itemsize:
+        if (
+            dtype not in SUPPORTED_DTYPES
+            or np.dtype(_ITEMSIZE_OF.get(dtype, dtype)).itemsize != arr.dtype.itemsize
+        ):
             raise FastPSError(f"{what}: cannot treat {name} elements as {dtype}")
         name = dtype
     if name not in SUPPORTED_DTYPES:

@@ -19,37 +19,75 @@ __all__ = ["multihost_options", "cluster_launcher_from_cli"]
 
 def multihost_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("-H", "--hosts", "hosts", default=None, metavar="HOST:SLOTS,...",
-                     help="Machines and how many workers each runs, e.g. a:4,b:4 (user@host "
-                     "for another ssh user); this machine's entries start without ssh."),
-        click.option("--hostfile", default=None, type=click.Path(dir_okay=False),
-                     help="File of 'host:slots' (Horovod) or 'host slots=N' (MPI) lines."),
-        click.option("--server-hosts", default=None, metavar="HOST[:N],...",
-                     help="CPU-only machines that each run a server (N servers with :N), "
-                     "besides one server per worker machine."),
-        click.option("--ssh-port", type=click.IntRange(1, 65535), default=None,
-                     help="ssh port of every remote machine [default: ssh's own]."),
-        click.option("--ssh-identity-file", type=click.Path(dir_okay=False), default=None,
-                     help="Private key ssh uses [default: ssh's own]."),
-        click.option("--ssh-connect-timeout", type=click.FloatRange(min=1), default=5.0,
-                     show_default=True,
-                     help="Seconds ssh waits for a machine to answer."),
-        click.option("--network-interface", default=None, metavar="IFACE",
-                     help="Every process advertises this interface's address on its machine "
-                     "[default: FASTPS_IFACE, else the address that routes to the scheduler]."),
-        click.option("--slurm/--no-slurm", "slurm", default=None,
-                     help="Start the processes with srun on the nodes of the SLURM allocation "
-                     "[default: when SLURM_JOB_NODELIST is set and no -H/--hostfile]."),
+        click.option(
+            "-H",
+            "--hosts",
+            "hosts",
+            default=None,
+            metavar="HOST:SLOTS,...",
+            help="Machines and how many workers each runs, e.g. a:4,b:4 (user@host "
+            "for another ssh user); this machine's entries start without ssh.",
+        ),
+        click.option(
+            "--hostfile",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="File of 'host:slots' (Horovod) or 'host slots=N' (MPI) lines.",
+        ),
+        click.option(
+            "--server-hosts",
+            default=None,
+            metavar="HOST[:N],...",
+            help="CPU-only machines that each run a server (N servers with :N), "
+            "besides one server per worker machine.",
+        ),
+        click.option(
+            "--ssh-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="ssh port of every remote machine [default: ssh's own].",
+        ),
+        click.option(
+            "--ssh-identity-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Private key ssh uses [default: ssh's own].",
+        ),
+        click.option(
+            "--ssh-connect-timeout",
+            type=click.FloatRange(min=1),
+            default=5.0,
+            show_default=True,
+            help="Seconds ssh waits for a machine to answer.",
+        ),
+        click.option(
+            "--network-interface",
+            default=None,
+            metavar="IFACE",
+            help="Every process advertises this interface's address on its machine "
+            "[default: FASTPS_IFACE, else the address that routes to the scheduler].",
+        ),
+        click.option(
+            "--slurm/--no-slurm",
+            "slurm",
+            default=None,
+            help="Start the processes with srun on the nodes of the SLURM allocation "
+            "[default: when SLURM_JOB_NODELIST is set and no -H/--hostfile].",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
 
 
-def cluster_launcher_from_cli(command: Sequence[str], num_workers: int,
-                              num_servers: Optional[int], opts: Mapping[str, Any],
-                              env: Optional[Mapping[str, str]] = None, **launcher_kwargs: Any
-                              ) -> Any:
+def cluster_launcher_from_cli(
+    command: Sequence[str],
+    num_workers: int,
+    num_servers: Optional[int],
+    opts: Mapping[str, Any],
+    env: Optional[Mapping[str, str]] = None,
+    **launcher_kwargs: Any,
+) -> Any:
     """A ClusterLauncher for -H/--hostfile/SLURM, or None for a job on this machine only."""
     from .cluster_launcher import ClusterLauncher
     from .hosts import parse_host_list, parse_hostfile, parse_server_hosts, place
@@ -61,8 +99,9 @@ def cluster_launcher_from_cli(command: Sequence[str], num_workers: int,
     if hosts_text and hostfile:
         raise FastPSError("give -H or --hostfile, not both")
     slurm = opts.get("slurm")
-    use_slurm = bool(slurm) or (slurm is None and not hosts_text and not hostfile
-                                and bool(env.get("SLURM_JOB_NODELIST")))
+    use_slurm = bool(slurm) or (
+        slurm is None and not hosts_text and not hostfile and bool(env.get("SLURM_JOB_NODELIST"))
+    )
     if hosts_text:
         hosts = parse_host_list(hosts_text)
     elif hostfile:
@@ -83,10 +122,16 @@ def cluster_launcher_from_cli(command: Sequence[str], num_workers: int,
         # Every node is reached through srun, this one too: the steps belong to the job.
         kwargs["local_hosts"] = []
     else:
-        transport = SshTransport(port=opts.get("ssh_port"),
-                                 identity_file=opts.get("ssh_identity_file"),
-                                 connect_timeout=float(opts.get("ssh_connect_timeout") or 5.0))
-    return ClusterLauncher(command, placement, transport,
-                           network_interface=opts.get("network_interface"),
-                           connect_timeout=float(opts.get("ssh_connect_timeout") or 5.0),
-                           **kwargs)
+        transport = SshTransport(
+            port=opts.get("ssh_port"),
+            identity_file=opts.get("ssh_identity_file"),
+            connect_timeout=float(opts.get("ssh_connect_timeout") or 5.0),
+        )
+    return ClusterLauncher(
+        command,
+        placement,
+        transport,
+        network_interface=opts.get("network_interface"),
+        connect_timeout=float(opts.get("ssh_connect_timeout") or 5.0),
+        **kwargs,
+    )

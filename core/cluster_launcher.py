@@ -44,12 +44,23 @@ class _HostChild(_Child):
 class ClusterLauncher(Launcher):
     """A job placed over several hosts. ``run()`` returns fastpsrun's exit code."""
 
-    def __init__(self, command: Sequence[str], placement: Placement, transport: Transport,
-                 network_interface: Optional[str] = None, python: Optional[str] = None,
-                 connect_timeout: float = 5.0, local_hosts: Optional[Sequence[str]] = None,
-                 **kwargs: Any) -> None:
-        super().__init__(command, num_workers=len(placement.workers),
-                         num_servers=len(placement.servers), **kwargs)
+    def __init__(
+        self,
+        command: Sequence[str],
+        placement: Placement,
+        transport: Transport,
+        network_interface: Optional[str] = None,
+        python: Optional[str] = None,
+        connect_timeout: float = 5.0,
+        local_hosts: Optional[Sequence[str]] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            command,
+            num_workers=len(placement.workers),
+            num_servers=len(placement.servers),
+            **kwargs,
+        )
         self.placement = placement
         self.transport = transport
         self.python = python or sys.executable
@@ -79,13 +90,23 @@ class ClusterLauncher(Launcher):
         if self.remote_hosts:
             env = forwarded_env(self._child_env("worker", 0, "0.0.0.0:1"))
             env.pop("FASTPS_TOKEN", None)  # a check needs no secret
-            infos = dict(preflight(self.transport, self.remote_hosts, self.python, env,
-                                   os.getcwd(), self.connect_timeout + PREFLIGHT_SLACK,
-                                   local_fastps=__version__))
+            infos = dict(
+                preflight(
+                    self.transport,
+                    self.remote_hosts,
+                    self.python,
+                    env,
+                    os.getcwd(),
+                    self.connect_timeout + PREFLIGHT_SLACK,
+                    local_fastps=__version__,
+                )
+            )
             for host, info in infos.items():
                 if not getattr(info, "cwd_exists", True):
-                    say(f"host {host_label(host)} has no directory {os.getcwd()}: its processes "
-                        "start in the login directory")
+                    say(
+                        f"host {host_label(host)} has no directory {os.getcwd()}: its processes "
+                        "start in the login directory"
+                    )
         if self._signal is not None:
             return  # Ctrl-C while the machines were being checked: start nothing
         self.host_addr = self._advertised_address(infos)
@@ -108,21 +129,31 @@ class ClusterLauncher(Launcher):
         if remote:
             # The remote machine advertises its own address (FASTPS_IFACE or the route to the
             # scheduler) and host name.
-            proc = start_agent(self.transport, host, self.python, argv, forwarded_env(env),
-                               os.getcwd(), KILL_GRACE)
+            proc = start_agent(
+                self.transport, host, self.python, argv, forwarded_env(env), os.getcwd(), KILL_GRACE
+            )
             with self._lock:
                 if host not in self._started_remote:
                     self._started_remote.append(host)
         else:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         child = _HostChild(role, index, proc, host=host_label(host), remote=remote)
         prefix = f"[{child.label}] ".encode()
         for stream, sink in ((proc.stdout, _stdout_bytes()), (proc.stderr, _stderr_bytes())):
             assert stream is not None
-            t = threading.Thread(target=_pump, args=(stream, prefix, sink),
-                                 name=f"fastpsrun-{role}{index}", daemon=True)
+            t = threading.Thread(
+                target=_pump,
+                args=(stream, prefix, sink),
+                name=f"fastpsrun-{role}{index}",
+                daemon=True,
+            )
             t.start()
             child.readers.append(t)
         self.children.append(child)
@@ -142,7 +173,13 @@ class ClusterLauncher(Launcher):
         super()._cleanup()
         if not self._started_remote:
             return
-        problems = sweep(self.transport, self._started_remote, self.python, self.job_id,
-                         KILL_GRACE, self.connect_timeout + KILL_GRACE + 10.0)
+        problems = sweep(
+            self.transport,
+            self._started_remote,
+            self.python,
+            self.job_id,
+            KILL_GRACE,
+            self.connect_timeout + KILL_GRACE + 10.0,
+        )
         for host, problem in problems.items():
             say(f"host {host_label(host)}: {problem}")

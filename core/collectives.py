@@ -45,12 +45,33 @@ from .errors import FastPSError, FastPSTimeoutError
 log = logging.getLogger("fastps.collectives")
 
 __all__ = [
-    "ReduceOp", "CollectiveError", "UsageError", "HorovodInternalError", "HostsUpdatedInterrupt",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Op", "resolve_op", "priority_for", "DTYPES",
-    "allreduce_async", "grouped_allreduce_async", "allgather_async", "grouped_allgather_async",
-    "broadcast_async", "alltoall_async", "reducescatter_async", "grouped_reducescatter_async",
-    "barrier", "join", "broadcast_object", "allgather_object", "start_session", "end_session",
+    "ReduceOp",
+    "CollectiveError",
+    "UsageError",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
+    "Op",
+    "resolve_op",
+    "priority_for",
+    "DTYPES",
+    "allreduce_async",
+    "grouped_allreduce_async",
+    "allgather_async",
+    "grouped_allgather_async",
+    "broadcast_async",
+    "alltoall_async",
+    "reducescatter_async",
+    "grouped_reducescatter_async",
+    "barrier",
+    "join",
+    "broadcast_object",
+    "allgather_object",
+    "start_session",
+    "end_session",
     "check_same_everywhere",
 ]
 
@@ -68,10 +89,16 @@ class ReduceOp(enum.IntEnum):
 
 # Core dtype name -> numpy dtype of the array a plugin hands in (bfloat16 as its bits).
 DTYPES: Dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-    "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16),
-    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
 }
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
 
@@ -240,8 +267,11 @@ def add_process_set(ranks: Any) -> ProcessSet:
         s.sets[s.next_set] = ps
         s.next_set += 1
     # Registration is collective: the ranks agree on the set (and its id) before use.
-    _run_control_op(global_process_set, f"add_process_set.{ps.process_set_id}",
-                    {"k": "add_process_set", "ranks": ps._ranks})
+    _run_control_op(
+        global_process_set,
+        f"add_process_set.{ps.process_set_id}",
+        {"k": "add_process_set", "ranks": ps._ranks},
+    )
     return ps
 
 
@@ -254,8 +284,11 @@ def remove_process_set(ps: ProcessSet) -> bool:
     with s.lock:
         if s.sets.get(set_id) is not ps:
             return False
-    _run_control_op(global_process_set, f"remove_process_set.{set_id}",
-                    {"k": "remove_process_set", "ranks": ps._ranks})
+    _run_control_op(
+        global_process_set,
+        f"remove_process_set.{set_id}",
+        {"k": "remove_process_set", "ranks": ps._ranks},
+    )
     with s.lock:
         s.sets.pop(set_id, None)
         s.counters.pop(set_id, None)
@@ -274,8 +307,10 @@ def _registered(ps: Optional[ProcessSet]) -> ProcessSet:
     if ps.process_set_id is None or s.sets.get(ps.process_set_id) is not ps:
         raise UsageError(f"{ps!r} is not registered (hvd.add_process_set) in this session")
     if not ps.included():
-        raise UsageError(f"rank {api.rank()} is not a member of {ps!r}; only its members may "
-                         "call its collectives")
+        raise UsageError(
+            f"rank {api.rank()} is not a member of {ps!r}; only its members may "
+            "call its collectives"
+        )
     return ps
 
 
@@ -324,8 +359,9 @@ class Op:
             if not done and not self._coordinated.is_set():
                 client = api._st().client
                 if client is not None:
-                    client.withdraw(self.process_set.process_set_id, self.process_set.ranks,
-                                    self.name)
+                    client.withdraw(
+                        self.process_set.process_set_id, self.process_set.ranks, self.name
+                    )
         return done
 
     def poll(self) -> bool:
@@ -399,8 +435,12 @@ def _release(op: Op) -> None:
             del s.inflight[key]
 
 
-def _start(ps: ProcessSet, name: str, record: Dict[str, Any],
-           run: Callable[[Op, List[Optional[Dict[str, Any]]]], None]) -> Op:
+def _start(
+    ps: ProcessSet,
+    name: str,
+    record: Dict[str, Any],
+    run: Callable[[Op, List[Optional[Dict[str, Any]]]], None],
+) -> Op:
     """Announces the op; ``run(op, records)`` checks and starts the data stage once every
     member announced it."""
     s = _sess()
@@ -422,8 +462,11 @@ def _start(ps: ProcessSet, name: str, record: Dict[str, Any],
         try:
             run(op, msg["records"])
         except BaseException as exc:  # noqa: BLE001 - delivered to whoever synchronizes
-            op._fail(exc if isinstance(exc, (FastPSError, ValueError))
-                     else CollectiveError(f"op '{name}': {type(exc).__name__}: {exc}"))
+            op._fail(
+                exc
+                if isinstance(exc, (FastPSError, ValueError))
+                else CollectiveError(f"op '{name}': {type(exc).__name__}: {exc}")
+            )
             return
         op._coordinated.set()
 
@@ -435,8 +478,9 @@ def _start(ps: ProcessSet, name: str, record: Dict[str, Any],
     return op
 
 
-def _announce(ps: ProcessSet, name: str, record: Dict[str, Any],
-              done: Callable[[Dict[str, Any]], None]) -> None:
+def _announce(
+    ps: ProcessSet, name: str, record: Dict[str, Any], done: Callable[[Dict[str, Any]], None]
+) -> None:
     client = api._st().client
     if client is None:  # one process: everyone has announced
         done({"records": [record]})
@@ -535,8 +579,7 @@ def _scaled(a: np.ndarray, dtype: str, factor: float) -> np.ndarray:
     if dtype in ("float32", "float64"):
         return (a * a.dtype.type(factor)).astype(a.dtype, copy=False)
     if dtype in _FLOATS:
-        return _from_compute(_to_compute(a, dtype).astype(np.float32) * np.float32(factor),
-                             dtype)
+        return _from_compute(_to_compute(a, dtype).astype(np.float32) * np.float32(factor), dtype)
     return np.trunc(a.astype(np.float64) * factor).astype(a.dtype)
 
 
@@ -588,15 +631,26 @@ def _relayed(ps: ProcessSet) -> bool:
     return ps.process_set_id != 0 and ps.size() > 1
 
 
-def _push_sum(op: Op, data_name: str, src: np.ndarray, dst: np.ndarray, dtype: str,
-              priority: int = 0, scale: float = 1.0) -> None:
+def _push_sum(
+    op: Op,
+    data_name: str,
+    src: np.ndarray,
+    dst: np.ndarray,
+    dtype: str,
+    priority: int = 0,
+    scale: float = 1.0,
+) -> None:
     """Data plane: ``dst`` receives the sum over all workers of their ``src``."""
     name = f"{data_name}.{op.process_set.process_set_id}.{src.nbytes}"
     sbuf = raw_buffer(src, f"tensor '{op.name}'", dtype=dtype)
-    dbuf = sbuf if dst is src else raw_buffer(dst, f"output of '{op.name}'", writable=True,
-                                               dtype=dtype)
-    op._parts.append(api.push_pull_raw(sbuf, dbuf, name, priority, scale, out=dst, keep=(src,),
-                                       declare=False))
+    dbuf = (
+        sbuf
+        if dst is src
+        else raw_buffer(dst, f"output of '{op.name}'", writable=True, dtype=dtype)
+    )
+    op._parts.append(
+        api.push_pull_raw(sbuf, dbuf, name, priority, scale, out=dst, keep=(src,), declare=False)
+    )
 
 
 def _zeros_like_record(rec: Dict[str, Any], rows: Optional[int] = None) -> np.ndarray:
@@ -651,12 +705,25 @@ def allreduce_async(
     rec = _record("allreduce", a, dtype, op=int(op), pre=pre, post=post)
     if _relayed(ps):
         rec["data"] = _encode(a)
-    return _start(ps, name, rec, lambda o, recs: _allreduce_run(o, recs, a, dtype, op, pre,
-                                                                  post, priority, out))
+    return _start(
+        ps,
+        name,
+        rec,
+        lambda o, recs: _allreduce_run(o, recs, a, dtype, op, pre, post, priority, out),
+    )
 
 
-def _allreduce_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, op: ReduceOp, pre: float,
-                   post: float, priority: int, out: Optional[np.ndarray]) -> None:
+def _allreduce_run(
+    o: Op,
+    recs: List[Any],
+    a: np.ndarray,
+    dtype: str,
+    op: ReduceOp,
+    pre: float,
+    post: float,
+    priority: int,
+    out: Optional[np.ndarray],
+) -> None:
     ps = o.process_set
     _check_records(o.name, ps, recs)
     count = ps.size()
@@ -669,8 +736,11 @@ def _allreduce_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, op: Reduce
 
     if _relayed(ps) or count == 1 or op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         if _relayed(ps) or count == 1:
-            rows = [a if r == api.rank() else _decode(rec["data"], dtype, rec["sh"])
-                    for r, rec in zip(ps.ranks, recs) if rec is not None]
+            rows = [
+                a if r == api.rank() else _decode(rec["data"], dtype, rec["sh"])
+                for r, rec in zip(ps.ranks, recs)
+                if rec is not None
+            ]
             stack = np.stack([_scaled(np.asarray(x), dtype, pre) for x in rows])
             o._finish = lambda: deliver(_finish_reduce(stack, dtype, op, post, count))
             return
@@ -697,8 +767,9 @@ def _allreduce_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, op: Reduce
         o._finish = finish
 
 
-def _finish_reduce(stack: np.ndarray, dtype: str, op: ReduceOp, post: float,
-                   count: int) -> np.ndarray:
+def _finish_reduce(
+    stack: np.ndarray, dtype: str, op: ReduceOp, post: float, count: int
+) -> np.ndarray:
     rop = ReduceOp.SUM if op == ReduceOp.AVERAGE else op
     result = _reduce_stack(stack, dtype, rop)
     if op == ReduceOp.AVERAGE:
@@ -721,14 +792,22 @@ def grouped_allreduce_async(
     names = _group_names(process_set, name, len(arrays))
     with api.submission_batch():
         return [
-            allreduce_async(a, dt, n, op, prescale_factor, postscale_factor, process_set,
-                            priority, None if outs is None else outs[i])
+            allreduce_async(
+                a,
+                dt,
+                n,
+                op,
+                prescale_factor,
+                postscale_factor,
+                process_set,
+                priority,
+                None if outs is None else outs[i],
+            )
             for i, (a, dt, n) in enumerate(zip(arrays, dtypes, names))
         ]
 
 
-def _group_names(process_set: Optional[ProcessSet], name: Optional[str],
-                 count: int) -> List[str]:
+def _group_names(process_set: Optional[ProcessSet], name: Optional[str], count: int) -> List[str]:
     ps = _registered(process_set)
     base = _op_name(ps, name)
     return [f"{base}.{i}" for i in range(count)]
@@ -737,8 +816,9 @@ def _group_names(process_set: Optional[ProcessSet], name: Optional[str],
 # --------------------------------------------------------------------------- allgather
 
 
-def allgather_async(a: np.ndarray, dtype: str, name: Optional[str] = None,
-                    process_set: Optional[ProcessSet] = None) -> Op:
+def allgather_async(
+    a: np.ndarray, dtype: str, name: Optional[str] = None, process_set: Optional[ProcessSet] = None
+) -> Op:
     """Concatenates every member's ``a`` along the first dimension, in rank order (first
     dimensions may differ). The result is ``(array, rows per member)``."""
     ps = _registered(process_set)
@@ -757,22 +837,28 @@ def _allgather_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str) -> None:
     counts = [0 if rec is None else int(rec["sh"][0]) for rec in recs]
     me = ps.ranks.index(api.rank())
     if _relayed(ps):
-        parts = [a if i == me else _decode(rec["data"], dtype, rec["sh"])
-                 for i, rec in enumerate(recs) if rec is not None]
+        parts = [
+            a if i == me else _decode(rec["data"], dtype, rec["sh"])
+            for i, rec in enumerate(recs)
+            if rec is not None
+        ]
         o._finish = lambda: (np.concatenate(parts, axis=0), counts)
         return
     total = sum(counts)
     buf = np.zeros((total, *a.shape[1:]), dtype=a.dtype)
     start = sum(counts[:me])
-    buf[start:start + counts[me]] = a
+    buf[start : start + counts[me]] = a
     if ps.size() > 1:
         _push_sum(o, f"{o.name}.gather", buf, buf, dtype)
     o._finish = lambda: (buf, counts)
 
 
-def grouped_allgather_async(arrays: Sequence[np.ndarray], dtypes: Sequence[str],
-                            name: Optional[str] = None,
-                            process_set: Optional[ProcessSet] = None) -> List[Op]:
+def grouped_allgather_async(
+    arrays: Sequence[np.ndarray],
+    dtypes: Sequence[str],
+    name: Optional[str] = None,
+    process_set: Optional[ProcessSet] = None,
+) -> List[Op]:
     names = _group_names(process_set, name, len(arrays))
     with api.submission_batch():
         return [allgather_async(a, dt, n, process_set) for a, dt, n in zip(arrays, dtypes, names)]
@@ -781,9 +867,14 @@ def grouped_allgather_async(arrays: Sequence[np.ndarray], dtypes: Sequence[str],
 # --------------------------------------------------------------------------- broadcast
 
 
-def broadcast_async(a: np.ndarray, dtype: str, root_rank: int, name: Optional[str] = None,
-                    process_set: Optional[ProcessSet] = None,
-                    out: Optional[np.ndarray] = None) -> Op:
+def broadcast_async(
+    a: np.ndarray,
+    dtype: str,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: Optional[ProcessSet] = None,
+    out: Optional[np.ndarray] = None,
+) -> Op:
     """``root_rank``'s ``a`` on every member (into ``out`` when given)."""
     ps = _registered(process_set)
     if not isinstance(root_rank, (int, np.integer)) or int(root_rank) not in ps.ranks:
@@ -793,12 +884,12 @@ def broadcast_async(a: np.ndarray, dtype: str, root_rank: int, name: Optional[st
     rec = _record("broadcast", a, dtype, root=root_rank)
     if _relayed(ps) and api.rank() == root_rank:
         rec["data"] = _encode(a)
-    return _start(ps, name, rec, lambda o, recs: _broadcast_run(o, recs, a, dtype, root_rank,
-                                                                  out))
+    return _start(ps, name, rec, lambda o, recs: _broadcast_run(o, recs, a, dtype, root_rank, out))
 
 
-def _broadcast_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, root: int,
-                   out: Optional[np.ndarray]) -> None:
+def _broadcast_run(
+    o: Op, recs: List[Any], a: np.ndarray, dtype: str, root: int, out: Optional[np.ndarray]
+) -> None:
     ps = o.process_set
     _check_records(o.name, ps, recs)
     dst = out if out is not None and out.flags.c_contiguous else np.empty(a.shape, a.dtype)
@@ -828,9 +919,13 @@ def _broadcast_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, root: int,
 # --------------------------------------------------------------------------- alltoall
 
 
-def alltoall_async(a: np.ndarray, dtype: str, splits: Optional[Sequence[int]] = None,
-                   name: Optional[str] = None,
-                   process_set: Optional[ProcessSet] = None) -> Op:
+def alltoall_async(
+    a: np.ndarray,
+    dtype: str,
+    splits: Optional[Sequence[int]] = None,
+    name: Optional[str] = None,
+    process_set: Optional[ProcessSet] = None,
+) -> Op:
     """Sends ``splits[j]`` rows of ``a`` (in order) to the j-th member; the result is
     ``(received rows concatenated in member order, rows received from each member)``.
     Without ``splits`` the first dimension is divided evenly."""
@@ -875,7 +970,7 @@ def _alltoall_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str) -> None:
         for i, rec in enumerate(recs):
             data = a if i == me else _decode(rec["data"], dtype, rec["sh"])
             begin = sum(split[i][:me])
-            blocks.append(data[begin:begin + split[i][me]])
+            blocks.append(data[begin : begin + split[i][me]])
         o._finish = lambda: (np.concatenate(blocks, axis=0), received)
         return
     # One zero buffer laid out by destination, then source; each member fills its blocks.
@@ -889,11 +984,11 @@ def _alltoall_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str) -> None:
     row = 0
     for j in range(n):
         take = split[me][j]
-        buf[offsets[(me, j)]:offsets[(me, j)] + take] = a[row:row + take]
+        buf[offsets[(me, j)] : offsets[(me, j)] + take] = a[row : row + take]
         row += take
     _push_sum(o, f"{o.name}.alltoall", buf, buf, dtype)
     begin = offsets[(0, me)]
-    o._finish = lambda: (buf[begin:begin + sum(received)], received)
+    o._finish = lambda: (buf[begin : begin + sum(received)], received)
 
 
 # --------------------------------------------------------------------------- reducescatter
@@ -904,10 +999,15 @@ def reducescatter_rows(rows: int, count: int) -> List[int]:
     return [rows // count + (1 if i < rows % count else 0) for i in range(count)]
 
 
-def reducescatter_async(a: np.ndarray, dtype: str, name: Optional[str] = None,
-                        op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0,
-                        process_set: Optional[ProcessSet] = None) -> Op:
+def reducescatter_async(
+    a: np.ndarray,
+    dtype: str,
+    name: Optional[str] = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
+) -> Op:
     """Reduces ``a`` over the set and leaves each member its share of the first dimension."""
     ps = _registered(process_set)
     name = _op_name(ps, name)
@@ -933,22 +1033,28 @@ def reducescatter_async(a: np.ndarray, dtype: str, name: Optional[str] = None,
 
         def finish() -> np.ndarray:
             full = inner._finish() if inner._finish else None
-            return np.ascontiguousarray(full[begin:begin + shares[me]])
+            return np.ascontiguousarray(full[begin : begin + shares[me]])
 
         o._finish = finish
 
     return _start(ps, name, rec, run)
 
 
-def grouped_reducescatter_async(arrays: Sequence[np.ndarray], dtypes: Sequence[str],
-                                name: Optional[str] = None, op: ReduceOp = ReduceOp.AVERAGE,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                process_set: Optional[ProcessSet] = None) -> List[Op]:
+def grouped_reducescatter_async(
+    arrays: Sequence[np.ndarray],
+    dtypes: Sequence[str],
+    name: Optional[str] = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
+) -> List[Op]:
     names = _group_names(process_set, name, len(arrays))
     with api.submission_batch():
-        return [reducescatter_async(a, dt, n, op, prescale_factor, postscale_factor,
-                                    process_set)
-                for a, dt, n in zip(arrays, dtypes, names)]
+        return [
+            reducescatter_async(a, dt, n, op, prescale_factor, postscale_factor, process_set)
+            for a, dt, n in zip(arrays, dtypes, names)
+        ]
 
 
 # --------------------------------------------------------------------------- barrier, join
@@ -1079,21 +1185,27 @@ def _dumps(obj: Any) -> np.ndarray:
     return np.frombuffer(_pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: Optional[ProcessSet] = None) -> Any:
+def broadcast_object(
+    obj: Any,
+    root_rank: int = 0,
+    name: Optional[str] = None,
+    process_set: Optional[ProcessSet] = None,
+) -> Any:
     """``root_rank``'s picklable ``obj`` on every member."""
     ps = _registered(process_set)
     name = _op_name(ps, name)
     payload = _dumps(obj) if api.rank() == root_rank else np.zeros(0, dtype=np.uint8)
-    size = broadcast_async(np.array([payload.size], dtype=np.int64), "int64", root_rank,
-                           f"{name}.size", ps).synchronize()
+    size = broadcast_async(
+        np.array([payload.size], dtype=np.int64), "int64", root_rank, f"{name}.size", ps
+    ).synchronize()
     buf = payload if api.rank() == root_rank else np.zeros(int(size[0]), dtype=np.uint8)
     data = broadcast_async(buf, "uint8", root_rank, f"{name}.data", ps).synchronize()
     return obj if api.rank() == root_rank else pickle.loads(data.tobytes())
 
 
-def allgather_object(obj: Any, name: Optional[str] = None,
-                     process_set: Optional[ProcessSet] = None) -> List[Any]:
+def allgather_object(
+    obj: Any, name: Optional[str] = None, process_set: Optional[ProcessSet] = None
+) -> List[Any]:
     """Every member's picklable ``obj``, in rank order."""
     ps = _registered(process_set)
     name = _op_name(ps, name)
@@ -1101,13 +1213,16 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     data, counts = allgather_async(payload, "uint8", name, ps).synchronize()
     out, pos = [], 0
     for c in counts:
-        out.append(pickle.loads(data[pos:pos + c].tobytes()))
+        out.append(pickle.loads(data[pos : pos + c].tobytes()))
         pos += c
     return out
 
 
-def check_same_everywhere(signatures: Sequence[Tuple[str, Sequence[int], str]], what: str,
-                          process_set: Optional[ProcessSet] = None) -> None:
+def check_same_everywhere(
+    signatures: Sequence[Tuple[str, Sequence[int], str]],
+    what: str,
+    process_set: Optional[ProcessSet] = None,
+) -> None:
     """The "same tensors on every worker" check: ``signatures`` are this rank's
     (name, shape, dtype); raises CollectiveError on every rank, naming the first tensor
     that differs (or exists on one rank only) and the ranks involved."""

@@ -497,8 +497,13 @@ class ControlClient:
             self._coords[key] = done
         try:
             self._send(
-                {"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
-                 "name": name, "record": record}
+                {
+                    "type": "coord",
+                    "set": int(set_id),
+                    "ranks": [int(r) for r in ranks],
+                    "name": name,
+                    "record": record,
+                }
             )
         except BaseException:
             with self._cv:
@@ -512,15 +517,29 @@ class ControlClient:
             if self._coords.pop((int(set_id), name), None) is None:
                 return  # completed meanwhile
         try:
-            self._send({"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
-                        "name": name, "withdraw": True})
+            self._send(
+                {
+                    "type": "coord",
+                    "set": int(set_id),
+                    "ranks": [int(r) for r in ranks],
+                    "name": name,
+                    "withdraw": True,
+                }
+            )
         except FastPSError:
             pass  # the connection is gone: nothing left to take back
 
     def forget_set(self, set_id: int, ranks: Sequence[int]) -> None:
         """Drops the scheduler's pending gathers of a removed process set."""
-        self._send({"type": "coord", "set": int(set_id), "ranks": [int(r) for r in ranks],
-                    "name": "", "forget": True})
+        self._send(
+            {
+                "type": "coord",
+                "set": int(set_id),
+                "ranks": [int(r) for r in ranks],
+                "name": "",
+                "forget": True,
+            }
+        )
 
     def on_unsolicited(self, cb: Optional[Callable[[Dict[str, Any]], None]]) -> None:
         """Receives completed gathers this worker did not announce (it is in ``join``)."""

@@ -23,8 +23,18 @@ from typing import Iterable, List, Optional, Sequence, Set, Tuple
 from .errors import FastPSError
 from .netif import local_addresses
 
-__all__ = ["HostSlots", "Placement", "parse_host_list", "parse_hostfile", "parse_hostfile_text",
-           "parse_server_hosts", "place", "host_label", "split_user", "is_local_host"]
+__all__ = [
+    "HostSlots",
+    "Placement",
+    "parse_host_list",
+    "parse_hostfile",
+    "parse_hostfile_text",
+    "parse_server_hosts",
+    "place",
+    "host_label",
+    "split_user",
+    "is_local_host",
+]
 
 # A host name, user@host, an IPv4 address or a bracketed IPv6 address.
 _NAME = r"(?:[A-Za-z0-9_.\-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)"
@@ -105,8 +115,9 @@ def _check_unique(hosts: Sequence[HostSlots], where: str) -> None:
     seen = set()
     for h in hosts:
         if h.name in seen:
-            raise FastPSError(f"{where}: host {h.name!r} is listed twice; give it once with "
-                              "all its slots")
+            raise FastPSError(
+                f"{where}: host {h.name!r} is listed twice; give it once with all its slots"
+            )
         seen.add(h.name)
 
 
@@ -152,8 +163,9 @@ def parse_hostfile_text(text: str, where: str) -> List[HostSlots]:
             elif key in ("max_slots", "max-slots"):
                 continue  # an upper bound for oversubscription; fastpsrun never oversubscribes
             else:
-                raise FastPSError(f"{at}: unknown field {field!r} for host {name!r} "
-                                  "(expected slots=N)")
+                raise FastPSError(
+                    f"{at}: unknown field {field!r} for host {name!r} (expected slots=N)"
+                )
         hosts.append(HostSlots(name, slots_n))
     if not hosts:
         raise FastPSError(f"{where}: no hosts in it")
@@ -175,9 +187,12 @@ def parse_server_hosts(text: str) -> List[HostSlots]:
     return parse_host_list(text, "--server-hosts")
 
 
-def place(hosts: Sequence[HostSlots], num_workers: int,
-          server_hosts: Iterable[HostSlots] = (), num_servers: Optional[int] = None
-          ) -> Placement:
+def place(
+    hosts: Sequence[HostSlots],
+    num_workers: int,
+    server_hosts: Iterable[HostSlots] = (),
+    num_servers: Optional[int] = None,
+) -> Placement:
     """Workers fill ``hosts``' slots in order; servers as described in the module doc."""
     if num_workers < 1:
         raise FastPSError(f"-np must be >= 1, got {num_workers}")
@@ -186,8 +201,9 @@ def place(hosts: Sequence[HostSlots], num_workers: int,
     total = sum(h.slots for h in hosts)
     if num_workers > total:
         listed = ", ".join(f"{h.name}:{h.slots}" for h in hosts)
-        raise FastPSError(f"-np {num_workers} needs {num_workers} slots but the host list has "
-                          f"{total} ({listed})")
+        raise FastPSError(
+            f"-np {num_workers} needs {num_workers} slots but the host list has {total} ({listed})"
+        )
     workers: List[str] = []
     for h in hosts:
         take = min(h.slots, num_workers - len(workers))
@@ -212,8 +228,9 @@ def place(hosts: Sequence[HostSlots], num_workers: int,
         servers = [pool[i % len(pool)] for i in range(num_servers)]
     order = [h.name for h in hosts] + [h.name for h in extra]
     used = set(workers) | set(servers)
-    return Placement(tuple(workers), tuple(servers),
-                     tuple(n for n in dict.fromkeys(order) if n in used))
+    return Placement(
+        tuple(workers), tuple(servers), tuple(n for n in dict.fromkeys(order) if n in used)
+    )
 
 
 def _resolve(name: str, timeout: float) -> Set[str]:

@@ -40,8 +40,14 @@ SERVER_EXIT_WAIT = 30.0  # how long servers get to leave after every worker fini
 SHM_DIR = "/dev/shm"
 LINE_LIMIT = 65536  # longer lines are forwarded in pieces
 
-HOROVOD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-                "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+HOROVOD_VARS = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+)
 
 _out_lock = threading.Lock()
 
@@ -575,8 +581,13 @@ def cli(
         logger.propagate = False
     try:
         launcher = cluster_launcher_from_cli(
-            command, num_workers, num_servers, multihost,
-            timeout=timeout, job_id=job_id, partition_bytes=partition_bytes,
+            command,
+            num_workers,
+            num_servers,
+            multihost,
+            timeout=timeout,
+            job_id=job_id,
+            partition_bytes=partition_bytes,
             finish_timeout=finish_timeout,
         ) or Launcher(
             command,

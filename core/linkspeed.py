@@ -27,8 +27,16 @@ from typing import List, Optional, Tuple
 
 _SIOCGIFADDR = 0x8915
 _UNITS = {  # tc prints bits per second with these suffixes; "bps" suffixes are bytes
-    "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "bps": 8.0, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
+    "bit": 1.0,
+    "kbit": 1e3,
+    "mbit": 1e6,
+    "gbit": 1e9,
+    "tbit": 1e12,
+    "bps": 8.0,
+    "kbps": 8e3,
+    "mbps": 8e6,
+    "gbps": 8e9,
+    "tbps": 8e12,
 }
 _RATE = re.compile(r"\b(rate|ceil)\s+([0-9.]+)([a-zA-Z]*)")
 _DEFAULT = re.compile(r"\bdefault\s+(?:0x)?([0-9a-fA-F]+)")
@@ -129,8 +137,9 @@ def tc_rate_mbit(ifname: str) -> Optional[float]:
     out = []
     for what in ("qdisc", "class"):
         try:
-            p = subprocess.run([tc, what, "show", "dev", ifname], capture_output=True,
-                               text=True, timeout=5)
+            p = subprocess.run(
+                [tc, what, "show", "dev", ifname], capture_output=True, text=True, timeout=5
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         out.append(p.stdout if p.returncode == 0 else "")

@@ -30,14 +30,17 @@ def interface_address(name: str, var: str = "FASTPS_IFACE") -> str:
     """The IPv4 address of interface ``name``, or an error listing the interfaces there are."""
     names = [n for _, n in socket.if_nameindex()]
     if name not in names:
-        raise FastPSError(f"{var}={name}: no such network interface on {socket.gethostname()} "
-                          f"(interfaces: {', '.join(names) or 'none'})")
+        raise FastPSError(
+            f"{var}={name}: no such network interface on {socket.gethostname()} "
+            f"(interfaces: {', '.join(names) or 'none'})"
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             return _ipv4_of(s, name)
         except OSError:
-            raise FastPSError(f"{var}={name}: interface {name} on {socket.gethostname()} has no "
-                              "IPv4 address") from None
+            raise FastPSError(
+                f"{var}={name}: interface {name} on {socket.gethostname()} has no IPv4 address"
+            ) from None
 
 
 def local_addresses() -> Set[str]:

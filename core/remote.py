@@ -27,29 +27,68 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .errors import FastPSError
 from .hosts import host_label, split_user
 
-__all__ = ["SshTransport", "SrunTransport", "Transport", "HostInfo", "agent_request",
-           "start_agent", "preflight", "sweep", "forwarded_env", "BOOTSTRAP"]
+__all__ = [
+    "SshTransport",
+    "SrunTransport",
+    "Transport",
+    "HostInfo",
+    "agent_request",
+    "start_agent",
+    "preflight",
+    "sweep",
+    "forwarded_env",
+    "BOOTSTRAP",
+]
 
 # Reads "<length>\n<agent source>" from stdin and runs it; the agent reads the rest.
-BOOTSTRAP = ('import sys;b=sys.stdin.buffer;n=int(b.readline());'
-             'exec(compile(b.read(n),"fastps-remote-agent","exec"))')
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
+    'exec(compile(b.read(n),"fastps-remote-agent","exec"))'
+)
 _AGENT_SOURCE = (Path(__file__).with_name("remote_agent.py")).read_bytes()
 
 # Variables that describe the machine or session fastpsrun runs in, not the job: the remote
 # login sets its own.
-_NOT_FORWARDED = frozenset({
-    "HOME", "USER", "LOGNAME", "SHELL", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM",
-    "DISPLAY", "MAIL", "TMPDIR", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND",
-    "LS_COLORS", "FASTPS_HOST", "FASTPS_HOSTNAME", "TMUX", "TMUX_PANE", "STY", "WINDOWID",
-})
+_NOT_FORWARDED = frozenset(
+    {
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "HOSTNAME",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TERM",
+        "DISPLAY",
+        "MAIL",
+        "TMPDIR",
+        "COLUMNS",
+        "LINES",
+        "PS1",
+        "PS2",
+        "PROMPT_COMMAND",
+        "LS_COLORS",
+        "FASTPS_HOST",
+        "FASTPS_HOSTNAME",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOWID",
+    }
+)
 _NOT_FORWARDED_PREFIXES = ("SSH_", "BASH_FUNC_", "XDG_", "SLURM_", "SLURMD_")
 
 
 def forwarded_env(env: Mapping[str, str]) -> Dict[str, str]:
     """The part of ``env`` a remote process gets, on top of its own login environment
     (Horovod forwards the environment the same way: PATH, PYTHONPATH, virtualenv, ...)."""
-    return {k: v for k, v in env.items()
-            if k not in _NOT_FORWARDED and not k.startswith(_NOT_FORWARDED_PREFIXES)}
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in _NOT_FORWARDED and not k.startswith(_NOT_FORWARDED_PREFIXES)
+    }
 
 
 class Transport:
@@ -80,12 +119,22 @@ class SshTransport(Transport):
         user, name = split_user(host)
         if name.startswith("[") and name.endswith("]"):
             name = name[1:-1]
-        cmd = [self.ssh, "-T", "-x",
-               "-o", "BatchMode=yes",
-               "-o", f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
-               # A machine that vanishes ends its ssh client within ~15 s: the job fails.
-               "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-               "-o", "LogLevel=ERROR"]
+        cmd = [
+            self.ssh,
+            "-T",
+            "-x",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
+            # A machine that vanishes ends its ssh client within ~15 s: the job fails.
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=3",
+            "-o",
+            "LogLevel=ERROR",
+        ]
         if self.port is not None:
             cmd += ["-p", str(self.port)]
         if self.identity_file is not None:
@@ -115,9 +164,19 @@ class SrunTransport(Transport):
     name: str = field(default="srun", init=False)
 
     def argv(self, host: str, python: str) -> List[str]:
-        return [self.srun, "--nodes=1", "--ntasks=1", f"--nodelist={host_label(host)}",
-                "--overlap", "--kill-on-bad-exit=1", "--input=all", "--quiet",
-                python, "-c", BOOTSTRAP]
+        return [
+            self.srun,
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={host_label(host)}",
+            "--overlap",
+            "--kill-on-bad-exit=1",
+            "--input=all",
+            "--quiet",
+            python,
+            "-c",
+            BOOTSTRAP,
+        ]
 
 
 def agent_request(spec: Mapping[str, object]) -> bytes:
@@ -131,8 +190,15 @@ def _transport_env() -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "FASTPS_TOKEN"}
 
 
-def start_agent(transport: Transport, host: str, python: str, argv: Sequence[str],
-                env: Mapping[str, str], cwd: str, grace: float) -> subprocess.Popen:
+def start_agent(
+    transport: Transport,
+    host: str,
+    python: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    grace: float,
+) -> subprocess.Popen:
     """Starts ``argv`` on ``host``; stdin stays open (closing it stops the process)."""
     proc = subprocess.Popen(
         transport.argv(host, python),
@@ -144,8 +210,11 @@ def start_agent(transport: Transport, host: str, python: str, argv: Sequence[str
     )
     assert proc.stdin is not None
     try:
-        proc.stdin.write(agent_request({"mode": "run", "argv": list(argv), "env": dict(env),
-                                        "cwd": cwd, "grace": grace}))
+        proc.stdin.write(
+            agent_request(
+                {"mode": "run", "argv": list(argv), "env": dict(env), "cwd": cwd, "grace": grace}
+            )
+        )
         proc.stdin.flush()
     except OSError:
         pass  # the client died already: its exit status and output tell why
@@ -169,13 +238,19 @@ class HostInfo:
         return parts[0] if len(parts) == 4 else None
 
 
-def _ask(transport: Transport, host: str, python: str, spec: Mapping[str, object],
-         timeout: float) -> Tuple[Optional[dict], str]:
+def _ask(
+    transport: Transport, host: str, python: str, spec: Mapping[str, object], timeout: float
+) -> Tuple[Optional[dict], str]:
     """Runs one agent request; returns (its JSON answer, problem) with exactly one set."""
     try:
-        proc = subprocess.Popen(transport.argv(host, python), env=_transport_env(),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            transport.argv(host, python),
+            env=_transport_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
         return None, f"cannot run {transport.name}: {exc}"
     try:
@@ -221,9 +296,16 @@ def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def preflight(transport: Transport, hosts: Sequence[str], python: str,
-              env: Mapping[str, str], cwd: str, timeout: float,
-              local_fastps: str, local_python: Optional[str] = None) -> Dict[str, HostInfo]:
+def preflight(
+    transport: Transport,
+    hosts: Sequence[str],
+    python: str,
+    env: Mapping[str, str],
+    cwd: str,
+    timeout: float,
+    local_fastps: str,
+    local_python: Optional[str] = None,
+) -> Dict[str, HostInfo]:
     """Checks every host in parallel; raises one error naming each host that fails."""
     local_python = local_python or ".".join(map(str, sys.version_info[:3]))
     spec = {"mode": "check", "env": dict(env), "cwd": cwd}
@@ -237,28 +319,42 @@ def preflight(transport: Transport, hosts: Sequence[str], python: str,
             problems.append(f"host {label}: {problem}")
             continue
         if ans.get("error"):
-            problems.append(f"host {label}: fastps is not usable with {python} there "
-                            f"({ans['error']})")
+            problems.append(
+                f"host {label}: fastps is not usable with {python} there ({ans['error']})"
+            )
             continue
         py = str(ans.get("python", "?"))
         if _major_minor(py) != _major_minor(local_python):
-            problems.append(f"host {label}: {python} is Python {py}, fastpsrun runs "
-                            f"{local_python}")
+            problems.append(f"host {label}: {python} is Python {py}, fastpsrun runs {local_python}")
             continue
         if ans.get("fastps") != local_fastps:
-            problems.append(f"host {label}: fastps {ans.get('fastps')} "
-                            f"({ans.get('fastps_file')}), fastpsrun runs {local_fastps}")
+            problems.append(
+                f"host {label}: fastps {ans.get('fastps')} "
+                f"({ans.get('fastps_file')}), fastpsrun runs {local_fastps}"
+            )
             continue
-        infos[host] = HostInfo(host, str(ans.get("hostname", "")), py, ans.get("fastps"),
-                               ans.get("fastps_file"), str(ans.get("ssh_connection", "")),
-                               bool(ans.get("cwd_exists", True)))
+        infos[host] = HostInfo(
+            host,
+            str(ans.get("hostname", "")),
+            py,
+            ans.get("fastps"),
+            ans.get("fastps_file"),
+            str(ans.get("ssh_connection", "")),
+            bool(ans.get("cwd_exists", True)),
+        )
     if problems:
         raise FastPSError("hosts not ready, nothing started:\n  " + "\n  ".join(problems))
     return infos
 
 
-def sweep(transport: Transport, hosts: Sequence[str], python: str, job_id: str,
-          grace: float, timeout: float) -> Dict[str, str]:
+def sweep(
+    transport: Transport,
+    hosts: Sequence[str],
+    python: str,
+    job_id: str,
+    grace: float,
+    timeout: float,
+) -> Dict[str, str]:
     """Stops what is left of the job on each host; returns {host: problem} for hosts where
     something could not be checked or was still running."""
     spec = {"mode": "sweep", "job_id": job_id, "grace": grace}

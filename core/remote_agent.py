@@ -102,7 +102,7 @@ def _copy(src, dst):
             if not data:
                 return
             while data:
-                data = data[os.write(dst, data):]
+                data = data[os.write(dst, data) :]
     except OSError:
         pass
 
@@ -148,22 +148,33 @@ def _run(spec, stdin):
         stop.set()
 
     if not _chdir(spec):
-        sys.stderr.write("fastps agent on {}: working directory {} does not exist here; "
-                         "starting in {}\n".format(socket.gethostname(), spec["cwd"], os.getcwd()))
+        sys.stderr.write(
+            "fastps agent on {}: working directory {} does not exist here; starting in {}\n".format(
+                socket.gethostname(), spec["cwd"], os.getcwd()
+            )
+        )
     try:
         # Output goes through pipes the agent copies: a stray the process leaves behind
         # may hold them open, but not the ssh session, which then ends with the agent.
-        proc = subprocess.Popen(spec["argv"], env=_job_env(spec), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            spec["argv"],
+            env=_job_env(spec),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
-        sys.stderr.write(f"fastps agent on {socket.gethostname()}: cannot start "
-                         f"{spec['argv'][0]!r}: {exc}\n")
+        sys.stderr.write(
+            f"fastps agent on {socket.gethostname()}: cannot start {spec['argv'][0]!r}: {exc}\n"
+        )
         return 127
     threading.Thread(target=watch_stdin, daemon=True).start()
     assert proc.stdout is not None and proc.stderr is not None  # both are pipes
-    copiers = [threading.Thread(target=_copy, args=(proc.stdout.fileno(), 1), daemon=True),
-               threading.Thread(target=_copy, args=(proc.stderr.fileno(), 2), daemon=True)]
+    copiers = [
+        threading.Thread(target=_copy, args=(proc.stdout.fileno(), 1), daemon=True),
+        threading.Thread(target=_copy, args=(proc.stderr.fileno(), 2), daemon=True),
+    ]
     for t in copiers:
         t.start()
     grace = float(spec.get("grace", 5.0))
@@ -182,8 +193,7 @@ def _run(spec, stdin):
         except ValueError:
             name = f"signal {-rc}"
         if not stop.is_set():
-            sys.stderr.write(f"fastps agent on {socket.gethostname()}: process killed by "
-                             f"{name}\n")
+            sys.stderr.write(f"fastps agent on {socket.gethostname()}: process killed by {name}\n")
         return 128 - rc
     return rc
 
@@ -196,8 +206,9 @@ def _check(spec):
         "cwd_exists": _chdir(spec),
     }
     try:
-        res = subprocess.run([sys.executable, "-c", _CHECK], env=_job_env(spec),
-                             capture_output=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-c", _CHECK], env=_job_env(spec), capture_output=True, timeout=60
+        )
         lines = res.stdout.decode("utf-8", "replace").strip().splitlines()
         if lines:
             out.update(json.loads(lines[-1]))

@@ -49,7 +49,7 @@ def _expand_one(item: str, whole: str) -> List[str]:
     if start < 0:
         return [item]
     end = item.index("]", start)
-    head, body, tail = item[:start], item[start + 1:end], item[end + 1:]
+    head, body, tail = item[:start], item[start + 1 : end], item[end + 1 :]
     out: List[str] = []
     for rng in body.split(","):
         m = _RANGE_RE.match(rng.strip())
@@ -105,6 +105,7 @@ def allocation_from_env(env: Mapping[str, str]) -> List[HostSlots]:
     else:
         counts = [1] * len(nodes)
     if len(counts) != len(nodes):
-        raise FastPSError(f"SLURM allocation: {len(nodes)} nodes ({nodelist}) but task counts "
-                          f"for {len(counts)}")
+        raise FastPSError(
+            f"SLURM allocation: {len(nodes)} nodes ({nodelist}) but task counts for {len(counts)}"
+        )
     return [HostSlots(n, c) for n, c in zip(nodes, counts) if c > 0]

@@ -27,8 +27,14 @@ from typing import Dict, List, Optional, Tuple
 
 from .errors import FastPSError
 
-__all__ = ["HostTopology", "LocalPlan", "choose_plan", "parse_description", "parse_nvidia_smi",
-           "from_env"]
+__all__ = [
+    "HostTopology",
+    "LocalPlan",
+    "choose_plan",
+    "parse_description",
+    "parse_nvidia_smi",
+    "from_env",
+]
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,15 @@ class LocalPlan:
     reason: str = ""
 
     def describe(self) -> str:
-        return (f"{self.strategy}: groups {self.groups}, roots {self.roots}"
-                + (f", keeping switch(es) {self.avoid_switches} free for the NIC"
-                   if self.avoid_switches else "") + f" ({self.reason})")
+        return (
+            f"{self.strategy}: groups {self.groups}, roots {self.roots}"
+            + (
+                f", keeping switch(es) {self.avoid_switches} free for the NIC"
+                if self.avoid_switches
+                else ""
+            )
+            + f" ({self.reason})"
+        )
 
 
 def choose_plan(topo: HostTopology) -> LocalPlan:
@@ -73,24 +85,40 @@ def choose_plan(topo: HostTopology) -> LocalPlan:
         if topo.nvlink:
             root = away[0]
             return LocalPlan(
-                "reduce_broadcast", [gpus], [root], sn,
+                "reduce_broadcast",
+                [gpus],
+                [root],
+                sn,
                 f"asymmetric (Sn={len(sn)}, Sg={len(sg)}) with NVLink: reduce every GPU into "
                 f"GPU{root} over NVLink, which alone copies to and from host memory through a "
-                "switch without the NIC")
+                "switch without the NIC",
+            )
         return LocalPlan(
-            "cpu_assisted", [sorted(topo.switches[i]) for i in sg], away, sn,
+            "cpu_assisted",
+            [sorted(topo.switches[i]) for i in sg],
+            away,
+            sn,
             f"asymmetric (Sn={len(sn)}, Sg={len(sg)}) without NVLink: reduce-scatter inside "
             "each switch without the NIC, those GPUs copy to host memory where the CPU sums; "
-            "the NIC's switch is left to the NIC and its GPUs copy straight to host memory")
+            "the NIC's switch is left to the NIC and its GPUs copy straight to host memory",
+        )
     if topo.nvlink:
         return LocalPlan(
-            "reduce_scatter", [gpus], gpus, [],
+            "reduce_scatter",
+            [gpus],
+            gpus,
+            [],
             "symmetric with NVLink: reduce-scatter / all-gather over NVLink, every GPU copies "
-            "its share to host memory")
+            "its share to host memory",
+        )
     return LocalPlan(
-        "cpu_assisted", [sorted(topo.switches[i]) for i in with_gpus], gpus, [],
+        "cpu_assisted",
+        [sorted(topo.switches[i]) for i in with_gpus],
+        gpus,
+        [],
         f"symmetric PCIe-only ({len(with_gpus)} switches): reduce-scatter inside each switch, "
-        "copy to host memory, the CPU sums across switches (no cross-switch GPU copy)")
+        "copy to host memory, the CPU sums across switches (no cross-switch GPU copy)",
+    )
 
 
 def parse_description(text: str) -> HostTopology:
@@ -107,18 +135,21 @@ def parse_description(text: str) -> HostTopology:
     if "switches" not in fields:
         raise FastPSError("FASTPS_TOPOLOGY needs switches=..., e.g. switches=0,1|2,3;nic=0")
     try:
-        switches = tuple(tuple(int(g) for g in grp.split(",") if g.strip())
-                         for grp in fields["switches"].split("|"))
+        switches = tuple(
+            tuple(int(g) for g in grp.split(",") if g.strip())
+            for grp in fields["switches"].split("|")
+        )
         nic_text = fields.get("nic", "cpu").lower()
-        nics = () if nic_text in ("", "cpu", "none") else tuple(
-            int(x) for x in nic_text.split(","))
+        nics = () if nic_text in ("", "cpu", "none") else tuple(int(x) for x in nic_text.split(","))
     except ValueError:
-        raise FastPSError(f"invalid FASTPS_TOPOLOGY {text!r}: GPU and switch numbers must be "
-                          "integers") from None
+        raise FastPSError(
+            f"invalid FASTPS_TOPOLOGY {text!r}: GPU and switch numbers must be integers"
+        ) from None
     for n in nics:
         if not 0 <= n < len(switches):
-            raise FastPSError(f"FASTPS_TOPOLOGY: nic={n} is not a switch index "
-                              f"(0..{len(switches) - 1})")
+            raise FastPSError(
+                f"FASTPS_TOPOLOGY: nic={n} is not a switch index (0..{len(switches) - 1})"
+            )
     nvlink = fields.get("nvlink", "0").lower() in ("1", "true", "yes", "on")
     return HostTopology(switches, nics, nvlink)
 
@@ -138,7 +169,7 @@ def parse_nvidia_smi(text: str) -> HostTopology:
                 header = [c for c in cols if re.fullmatch(r"(GPU|NIC|mlx)\w*", c)]
             continue
         if cols and re.fullmatch(r"(GPU\d+|NIC\d+|mlx\w+)", cols[0]):
-            rows[cols[0]] = cols[1:1 + len(header)]
+            rows[cols[0]] = cols[1 : 1 + len(header)]
     if not header:
         raise FastPSError("not nvidia-smi topo -m output: no GPU header row")
     gpus = [h for h in header if h.startswith("GPU")]
@@ -172,10 +203,17 @@ def parse_nvidia_smi(text: str) -> HostTopology:
         groups.setdefault(find(g), []).append(int(g[3:]))
     order = sorted(groups, key=lambda k: min(groups[k]))
     switches = tuple(tuple(sorted(groups[k])) for k in order)
-    nic_idx = tuple(sorted({order.index(find_root) for find_root in
-                            (find(f"GPU{groups[r][0]}") for r in nic_groups)}))
-    nvlink = len(gpus) > 1 and all(link(a, b).startswith("NV") for a in gpus for b in gpus
-                                   if a != b)
+    nic_idx = tuple(
+        sorted(
+            {
+                order.index(find_root)
+                for find_root in (find(f"GPU{groups[r][0]}") for r in nic_groups)
+            }
+        )
+    )
+    nvlink = len(gpus) > 1 and all(
+        link(a, b).startswith("NV") for a in gpus for b in gpus if a != b
+    )
     return HostTopology(switches, nic_idx, nvlink)
 
 
@@ -196,8 +234,9 @@ def _smi_text() -> Optional[str]:  # pragma: no cover - needs a GPU host
     if not exe:
         return None
     try:
-        return subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
-                              timeout=10).stdout
+        return subprocess.run(
+            [exe, "topo", "-m"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -205,5 +244,3 @@ def _smi_text() -> Optional[str]:  # pragma: no cover - needs a GPU host
 def host_plan(env_text: Optional[str]) -> Optional[LocalPlan]:
     """Plan from FASTPS_TOPOLOGY, else from nvidia-smi on this machine; None without GPUs."""
     return from_env(env_text, None if env_text else _smi_text())
-
-

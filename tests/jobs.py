@@ -54,31 +54,46 @@ class Proc:
 
 
 class Job:
-    def __init__(self, num_workers: int, num_servers: int, argv: List[str],
-                 env: Optional[Dict[str, str]] = None, heartbeat_timeout: float = 5.0,
-                 worker_hosts: Optional[List[str]] = None,
-                 server_hosts: Optional[List[str]] = None, job_id: Optional[str] = None,
-                 custom: Optional[Dict[Tuple[str, int], List[str]]] = None) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        num_servers: int,
+        argv: List[str],
+        env: Optional[Dict[str, str]] = None,
+        heartbeat_timeout: float = 5.0,
+        worker_hosts: Optional[List[str]] = None,
+        server_hosts: Optional[List[str]] = None,
+        job_id: Optional[str] = None,
+        custom: Optional[Dict[Tuple[str, int], List[str]]] = None,
+    ) -> None:
         """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines.
         custom: python arguments of particular processes, by (role, index)."""
         custom = custom or {}
         self.job_id = job_id or "t" + secrets.token_hex(3)
         self.token = secrets.token_hex(16)
-        self.scheduler = Scheduler(num_workers, num_servers, self.job_id, self.token,
-                                   timeout=30.0, heartbeat_timeout=heartbeat_timeout)
+        self.scheduler = Scheduler(
+            num_workers,
+            num_servers,
+            self.job_id,
+            self.token,
+            timeout=30.0,
+            heartbeat_timeout=heartbeat_timeout,
+        )
         self.scheduler.start()
         base = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
         base.update(env or {})
-        base.update({
-            "FASTPS_SCHEDULER_ADDR": self.scheduler.address_text,
-            "FASTPS_JOB_ID": self.job_id,
-            "FASTPS_TOKEN": self.token,
-            "FASTPS_NUM_WORKERS": str(num_workers),
-            "FASTPS_NUM_SERVERS": str(num_servers),
-            "FASTPS_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
-            "FASTPS_HOST": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1",
-        })
+        base.update(
+            {
+                "FASTPS_SCHEDULER_ADDR": self.scheduler.address_text,
+                "FASTPS_JOB_ID": self.job_id,
+                "FASTPS_TOKEN": self.token,
+                "FASTPS_NUM_WORKERS": str(num_workers),
+                "FASTPS_NUM_SERVERS": str(num_servers),
+                "FASTPS_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+                "FASTPS_HOST": "127.0.0.1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.procs: List[Proc] = []
         for s in range(num_servers):
             env_s = dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s))
@@ -93,8 +108,14 @@ class Job:
             self._spawn("worker", r, [sys.executable, *custom.get(("worker", r), argv)], env_w)
 
     def _spawn(self, role: str, index: int, argv: List[str], env: Dict[str, str]) -> None:
-        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         proc = Proc(role, index, p)
         self.procs.append(proc)
 
@@ -121,13 +142,15 @@ class Job:
                 time.sleep(0.05)
             if p.exited_at is None:
                 self.close()
-                raise AssertionError(f"{p.role} {p.index} still running after {timeout} s:\n"
-                                     + self.dump())
+                raise AssertionError(
+                    f"{p.role} {p.index} still running after {timeout} s:\n" + self.dump()
+                )
         time.sleep(0.05)  # let the output pumps finish
 
     def dump(self) -> str:
-        return "\n".join(f"--- {p.role} {p.index} (rc {p.popen.returncode}) ---\n{p.output}"
-                         for p in self.procs)
+        return "\n".join(
+            f"--- {p.role} {p.index} (rc {p.popen.returncode}) ---\n{p.output}" for p in self.procs
+        )
 
     def close(self) -> None:
         for p in self.procs:

@@ -20,6 +20,9 @@ status=0
 echo "== C++ unit tests (GoogleTest through ctest)"
 tests/cpp/run.sh || status=1
 
+echo "== style: ruff (lint, format) and clang-format"
+tests/lint.sh || status=1
+
 echo "== mypy (core/ and plugins/)"
 $PY tests/typecheck.py || status=1
 echo "== core and PyTorch tests"

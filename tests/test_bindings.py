@@ -27,12 +27,30 @@ def test_core_errors_are_the_public_error_types() -> None:
 
 
 def test_worker_options_come_from_config_field_by_field() -> None:
-    cfg = Config(rank=1, num_workers=3, job_id="j", token="t", window_bytes=12345,
-                 notsent_lowat=777, conns_per_server=2, timeout=7.5, shm=False,
-                 shm_bytes=1 << 20, partition_bytes=64 << 10, credit_bytes=32 << 10)
-    o = worker_options(cfg, ["a", "b"], servers=["h:1", "h:2"], server_weights=[1, 3],
-                       pacing_bytes_per_s=[0, 5e6], local_ranks=[1], local_servers=[False, True],
-                       num_hosts=2)
+    cfg = Config(
+        rank=1,
+        num_workers=3,
+        job_id="j",
+        token="t",
+        window_bytes=12345,
+        notsent_lowat=777,
+        conns_per_server=2,
+        timeout=7.5,
+        shm=False,
+        shm_bytes=1 << 20,
+        partition_bytes=64 << 10,
+        credit_bytes=32 << 10,
+    )
+    o = worker_options(
+        cfg,
+        ["a", "b"],
+        servers=["h:1", "h:2"],
+        server_weights=[1, 3],
+        pacing_bytes_per_s=[0, 5e6],
+        local_ranks=[1],
+        local_servers=[False, True],
+        num_hosts=2,
+    )
     assert (o.rank, o.num_workers, o.job_id, o.token) == (1, 3, "j", "t")
     assert (o.partition_bytes, o.credit_bytes) == (64 << 10, 32 << 10)
     assert (o.window_bytes, o.notsent_lowat, o.conns_per_server) == (12345, 777, 2)
@@ -43,9 +61,19 @@ def test_worker_options_come_from_config_field_by_field() -> None:
 
 
 def test_server_options_come_from_config() -> None:
-    cfg = Config(role="server", server_id=1, num_servers=2, num_workers=4, job_id="j",
-                 token="t", host="127.0.0.2", server_port=4321, engine_threads=3, io_threads=2,
-                 handshake_timeout=2.5)
+    cfg = Config(
+        role="server",
+        server_id=1,
+        num_servers=2,
+        num_workers=4,
+        job_id="j",
+        token="t",
+        host="127.0.0.2",
+        server_port=4321,
+        engine_threads=3,
+        io_threads=2,
+        handshake_timeout=2.5,
+    )
     o = server_options(cfg)
     assert (o.server_id, o.num_workers, o.job_id, o.token) == (1, 4, "j", "t")
     assert (o.host, o.port, o.engine_threads, o.io_threads) == ("127.0.0.2", 4321, 3, 2)
@@ -101,7 +129,10 @@ def test_stub_lists_what_the_module_exports() -> None:
         tree = ast.parse(STUB.read_text())
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
         in_stub = {s.name for s in node.body if isinstance(s, ast.FunctionDef)}
-        in_stub |= {s.target.id for s in node.body
-                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+        in_stub |= {
+            s.target.id
+            for s in node.body
+            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+        }
         in_module = {n for n in dir(getattr(_core, cls)) if not n.startswith("_")}
         assert in_stub - {"__init__"} == in_module, cls

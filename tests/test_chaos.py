@@ -24,9 +24,14 @@ def _round(rng: random.Random) -> None:
     workers, servers = rng.choice([(2, 1), (3, 2), (4, 1)])
     # Some jobs on one host (shared memory, local reduce), some on emulated separate hosts.
     hosts = None if rng.random() < 0.5 else [f"h{r % 2}" for r in range(workers)]
-    with Job(workers, servers, [CHAOS_WORKER], heartbeat_timeout=HEARTBEAT_TIMEOUT,
-             worker_hosts=hosts, server_hosts=hosts and [f"h{s % 2}" for s in range(servers)]) \
-            as job:
+    with Job(
+        workers,
+        servers,
+        [CHAOS_WORKER],
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        worker_hosts=hosts,
+        server_hosts=hosts and [f"h{s % 2}" for s in range(servers)],
+    ) as job:
         deadline = time.monotonic() + 60
         while not all("READY" in w.output for w in job.workers()):
             assert time.monotonic() < deadline, job.dump()
@@ -44,11 +49,12 @@ def _round(rng: random.Random) -> None:
             assert p.popen.returncode not in (0, -6, -11), (what, job.dump())
             assert re.search(rf"\b{victim.role} {victim.index}\b", p.output), (what, job.dump())
             assert p.exited_at is not None
-            assert p.exited_at - hit < HEARTBEAT_TIMEOUT + 3, (what, p.exited_at - hit,
-                                                               job.dump())
+            assert p.exited_at - hit < HEARTBEAT_TIMEOUT + 3, (what, p.exited_at - hit, job.dump())
         latest = max(p.exited_at for p in survivors if p.exited_at is not None) - hit
-        print(f"{workers} workers, {servers} servers, {'2 hosts' if hosts else '1 host'}: "
-              f"{what}: every survivor out {latest:.2f} s later")
+        print(
+            f"{workers} workers, {servers} servers, {'2 hosts' if hosts else '1 host'}: "
+            f"{what}: every survivor out {latest:.2f} s later"
+        )
         if sig == signal.SIGSTOP:
             os.kill(victim.popen.pid, signal.SIGKILL)
     assert not glob.glob(f"/dev/shm/fastps-{job.job_id}-*"), what

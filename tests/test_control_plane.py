@@ -177,8 +177,13 @@ def test_config_defaults() -> None:
     assert cfg.part_sizes(["a", "a"]) == (1 << 20, 1 << 20)
     assert cfg.part_sizes(["a", "b"]) == (256 << 10, 256 << 10)
     assert (cfg.window_bytes, cfg.notsent_lowat) == (1 << 20, 128 << 10)
-    set_ = Config.from_env({"FASTPS_SCHEDULER_ADDR": "127.0.0.1:1234",
-                            "FASTPS_PARTITION_BYTES": "1M", "FASTPS_WINDOW_BYTES": "0"})
+    set_ = Config.from_env(
+        {
+            "FASTPS_SCHEDULER_ADDR": "127.0.0.1:1234",
+            "FASTPS_PARTITION_BYTES": "1M",
+            "FASTPS_WINDOW_BYTES": "0",
+        }
+    )
     assert set_.part_sizes(["a", "b"]) == (1 << 20, 1 << 20)
     assert set_.window_bytes == 0
     assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
@@ -575,6 +580,7 @@ def test_declared_priorities_must_agree_version_by_version(
         for v in range(20):
             for r, w in enumerate((w0, w1, w2)):
                 w.declare("rows", [v + 1], "int64", r, 0, v)
+
         def declared() -> set:  # read on the scheduler's thread, which owns the table
             got: List[set] = []
             done = threading.Event()

@@ -16,8 +16,20 @@ FAULT_WORKER = os.path.join(WORKERS, "fault_worker.py")
 
 
 def fastpsrun(n: int, k: int, *args: str, partition: str = "64K", timeout: float = 240):
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(n), "--num-servers", str(k),
-           "--partition-bytes", partition, sys.executable, CORE_WORKER, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(n),
+        "--num-servers",
+        str(k),
+        "--partition-bytes",
+        partition,
+        sys.executable,
+        CORE_WORKER,
+        *args,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert p.stdout.count(" OK ") == n, p.stdout[-4000:]
@@ -35,8 +47,7 @@ def _path_stats(out: str) -> dict:
     return json.loads(m.group(1))
 
 
-def _check_path_taken(path: str, rank: int, n: int, server_hosts: list, me: str,
-                      s: dict) -> None:
+def _check_path_taken(path: str, rank: int, n: int, server_hosts: list, me: str, s: dict) -> None:
     """Fails unless worker ``rank``'s parts went the way ``path`` says."""
     pushed = s["pushed_shm"] + s["pushed_socket"]
     if path == "local" and n > 1:
@@ -57,8 +68,10 @@ def _check_path_taken(path: str, rank: int, n: int, server_hosts: list, me: str,
 @pytest.mark.parametrize("path", list(DATA_PATHS))
 @pytest.mark.parametrize(
     "n,k",
-    [pytest.param(n, k, marks=[] if (n, k) in FAST_LAYOUTS else [pytest.mark.slow])
-     for n, k in LAYOUTS],
+    [
+        pytest.param(n, k, marks=[] if (n, k) in FAST_LAYOUTS else [pytest.mark.slow])
+        for n, k in LAYOUTS
+    ],
 )
 def test_every_dtype_and_size(n: int, k: int, path: str) -> None:
     run_on_path(path, n, k, "matrix", "2")
@@ -69,13 +82,15 @@ def run_on_path(path: str, n: int, k: int, *args: str) -> None:
     checks every worker's sums and that its parts took that path."""
     shm, worker_hosts, server_hosts = DATA_PATHS[path](n, k)
     env = {"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "64K"}
-    with Job(n, k, [CORE_WORKER, *args], worker_hosts=worker_hosts,
-             server_hosts=server_hosts, env=env) as job:
+    with Job(
+        n, k, [CORE_WORKER, *args], worker_hosts=worker_hosts, server_hosts=server_hosts, env=env
+    ) as job:
         job.wait(180, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and f" OK {args[0]}" in w.output, job.dump()
-            _check_path_taken(path, w.index, n, server_hosts, worker_hosts[w.index],
-                              _path_stats(w.output))
+            _check_path_taken(
+                path, w.index, n, server_hosts, worker_hosts[w.index], _path_stats(w.output)
+            )
         job.wait(30)
 
 

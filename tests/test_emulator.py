@@ -64,10 +64,31 @@ def test_sleeping_model_trains_through_autograd() -> None:
 @pytest.mark.slow
 def test_loopback_run_of_every_system() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "benchmarks.train_emulated", "--network", "loopback",
-         "--models", "resnet50", "--ratios", "0.1", "--workers", "2", "--steps", "2",
-         "--warmup", "1", "--run-timeout", "240"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.train_emulated",
+            "--network",
+            "loopback",
+            "--models",
+            "resnet50",
+            "--ratios",
+            "0.1",
+            "--workers",
+            "2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--run-timeout",
+            "240",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     out = res.stdout + res.stderr
     # exit 0: every run finished and every worker ended with the exactly averaged update
     assert res.returncode == 0, out[-4000:]

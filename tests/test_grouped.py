@@ -18,18 +18,34 @@ GROUP_WORKER = os.path.join(WORKERS, "group_worker.py")
 @pytest.mark.parametrize(
     "layout",
     [
-        pytest.param(dict(workers=2, servers=2, worker_hosts=["a", "b"], server_hosts=["a", "b"]),
-                     id="2hosts-tcp"),
-        pytest.param(dict(workers=4, servers=3, worker_hosts=["a", "a", "b", "b"],
-                          server_hosts=["a", "b", "c"]), id="2x2-local-reduce-cpu-server"),
-        pytest.param(dict(workers=1, servers=1, worker_hosts=None, server_hosts=None),
-                     id="1worker"),
+        pytest.param(
+            dict(workers=2, servers=2, worker_hosts=["a", "b"], server_hosts=["a", "b"]),
+            id="2hosts-tcp",
+        ),
+        pytest.param(
+            dict(
+                workers=4,
+                servers=3,
+                worker_hosts=["a", "a", "b", "b"],
+                server_hosts=["a", "b", "c"],
+            ),
+            id="2x2-local-reduce-cpu-server",
+        ),
+        pytest.param(
+            dict(workers=1, servers=1, worker_hosts=None, server_hosts=None), id="1worker"
+        ),
     ],
 )
 def test_grouped_push_pull(layout: dict) -> None:
     env = {"FASTPS_PARTITION_BYTES": "16K", "FASTPS_OP_TIMEOUT": "60"}
-    with Job(layout["workers"], layout["servers"], [GROUP_WORKER], env=env,
-             worker_hosts=layout["worker_hosts"], server_hosts=layout["server_hosts"]) as job:
+    with Job(
+        layout["workers"],
+        layout["servers"],
+        [GROUP_WORKER],
+        env=env,
+        worker_hosts=layout["worker_hosts"],
+        server_hosts=layout["server_hosts"],
+    ) as job:
         job.wait(120, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "GROUP-OK" in w.output, job.dump()

@@ -36,8 +36,9 @@ def _open_idle(addr, count: int, deadline: float) -> List[socket.socket]:
 
 
 def test_scheduler_serves_a_job_past_hundreds_of_idle_connections() -> None:
-    sched = Scheduler(2, 0, "idle" + secrets.token_hex(2), secrets.token_hex(8),
-                      timeout=30.0, auth_timeout=30.0)
+    sched = Scheduler(
+        2, 0, "idle" + secrets.token_hex(2), secrets.token_hex(8), timeout=30.0, auth_timeout=30.0
+    )
     sched.start()
     idle = _open_idle(sched.address, MAX_UNAUTHENTICATED + 50, time.monotonic() + 20)
     try:

@@ -33,8 +33,11 @@ def test_second_job_with_the_same_id_fails_at_start_naming_the_clash() -> None:
             for w in second.workers():
                 assert w.popen.returncode != 0, second.dump()
                 assert "WRONG-SUM" not in w.output and "SUM-OK" not in w.output, second.dump()
-            clash = [w for w in second.workers()
-                     if re.search(rf"job id '{job_id}' is already in use on this host", w.output)]
+            clash = [
+                w
+                for w in second.workers()
+                if re.search(rf"job id '{job_id}' is already in use on this host", w.output)
+            ]
             assert clash, second.dump()
         first.wait(60, first.workers())
         for w in first.workers():

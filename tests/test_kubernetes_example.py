@@ -39,8 +39,9 @@ def _container(workload: Dict[str, Any]) -> Dict[str, Any]:
     return containers[0]
 
 
-def _env(workload: Dict[str, Any], secrets: Dict[str, Dict[str, str]], pod_ip: str,
-         index: int) -> Dict[str, str]:
+def _env(
+    workload: Dict[str, Any], secrets: Dict[str, Dict[str, str]], pod_ip: str, index: int
+) -> Dict[str, str]:
     """The container's variables as the kubelet would set them in pod number ``index``."""
     env = {}
     for item in _container(workload).get("env", []):
@@ -54,8 +55,9 @@ def _env(workload: Dict[str, Any], secrets: Dict[str, Dict[str, str]], pod_ip: s
         elif src["fieldRef"]["fieldPath"] == "status.podIP":
             env[item["name"]] = pod_ip
         elif src["fieldRef"]["fieldPath"] in (
-                "metadata.labels['apps.kubernetes.io/pod-index']",
-                "metadata.annotations['batch.kubernetes.io/job-completion-index']"):
+            "metadata.labels['apps.kubernetes.io/pod-index']",
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+        ):
             env[item["name"]] = str(index)
         else:
             raise AssertionError(f"unexpected fieldRef {src['fieldRef']}")
@@ -86,8 +88,10 @@ def test_manifests_agree() -> None:
         assert env["FASTPS_NUM_WORKERS"] == str(n) and env["FASTPS_NUM_SERVERS"] == str(k)
         assert env["FASTPS_JOB_ID"] == "digits" and env["FASTPS_TOKEN"]
         if workload is not sched:
-            assert env["FASTPS_SCHEDULER_ADDR"] == \
-                f"{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+            assert (
+                env["FASTPS_SCHEDULER_ADDR"]
+                == f"{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+            )
     assert _env(servers, secrets, "x", 1)["FASTPS_SERVER_ID"] == "1"
     assert _env(workers, secrets, "x", 1)["FASTPS_RANK"] == "1"
     assert servers["spec"]["selector"]["matchLabels"].items() <= _labels(servers).items()
@@ -105,8 +109,9 @@ def test_manifest_processes_train(subprocess_env: Dict[str, str]) -> None:
     docs = _docs()
     secrets = {"fastps-digits": docs[("Secret", "fastps-digits")]["stringData"]}
     svc = docs[("Service", "fastps-scheduler")]
-    pods: List[Tuple[str, Dict[str, Any], int]] = [("fastps-scheduler-x", docs[("Job",
-                                                    "fastps-scheduler")], 0)]
+    pods: List[Tuple[str, Dict[str, Any], int]] = [
+        ("fastps-scheduler-x", docs[("Job", "fastps-scheduler")], 0)
+    ]
     servers = docs[("StatefulSet", "fastps-server")]
     workers = docs[("Job", "fastps-worker")]
     pods += [(f"fastps-server-{i}", servers, i) for i in range(servers["spec"]["replicas"])]
@@ -125,14 +130,26 @@ def test_manifest_processes_train(subprocess_env: Dict[str, str]) -> None:
             if name.startswith("fastps-scheduler"):
                 env["FASTPS_SCHEDULER_ADDR"] = addr.replace("0.0.0.0", pod_ip)
             argv, cwd = _argv(workload)
-            procs.append((name, subprocess.Popen(argv, env=env, cwd=cwd, text=True,
-                                                 stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT)))
+            procs.append(
+                (
+                    name,
+                    subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=cwd,
+                        text=True,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
         deadline = time.monotonic() + 240
         while any(p.poll() is None for _, p in procs) and time.monotonic() < deadline:
             time.sleep(0.2)
-        outputs = {name: p.communicate(timeout=10)[0] if p.poll() is not None else "(running)"
-                   for name, p in procs}
+        outputs = {
+            name: p.communicate(timeout=10)[0] if p.poll() is not None else "(running)"
+            for name, p in procs
+        }
         codes = {name: p.poll() for name, p in procs}
         assert all(c == 0 for c in codes.values()), (codes, outputs)
         found = re.search(r"test accuracy: ([0-9.]+)", outputs["fastps-worker-0"])

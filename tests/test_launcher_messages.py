@@ -40,7 +40,10 @@ def test_tensor_mismatch_names_the_root_cause_once_and_first(
 ) -> None:
     proc = subprocess.run(
         [*FASTPSRUN, "-np", "2", "--num-servers", "1", sys.executable, "-c", MISMATCH],
-        env=subprocess_env, capture_output=True, text=True, timeout=60,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
@@ -57,25 +60,49 @@ def test_tensor_mismatch_names_the_root_cause_once_and_first(
 def test_finish_timeout_names_who_is_still_running(subprocess_env: Dict[str, str]) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [*FASTPSRUN, "-np", "2", "--num-servers", "0", "--finish-timeout", "2",
-         sys.executable, "-c", LINGER, "120"],
-        env=subprocess_env, capture_output=True, text=True, timeout=60,
+        [
+            *FASTPSRUN,
+            "-np",
+            "2",
+            "--num-servers",
+            "0",
+            "--finish-timeout",
+            "2",
+            sys.executable,
+            "-c",
+            LINGER,
+            "120",
+        ],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1, proc.stderr
     assert time.monotonic() - t0 < 30
-    assert re.search(r"fastpsrun: worker 1 \(pid \d+\) still running \d+ s after worker 0 "
-                     r"finished: stopping the job \(--finish-timeout 2 s\)", proc.stderr), \
-        proc.stderr
+    assert re.search(
+        r"fastpsrun: worker 1 \(pid \d+\) still running \d+ s after worker 0 "
+        r"finished: stopping the job \(--finish-timeout 2 s\)",
+        proc.stderr,
+    ), proc.stderr
 
 
 def test_still_running_is_reported_periodically(
     capfd: pytest.CaptureFixture[str], subprocess_env: Dict[str, str], tmp_path: Path
 ) -> None:
-    launcher = Launcher([sys.executable, "-c", LINGER, "3.5"], num_workers=2, num_servers=0,
-                        env=subprocess_env, report_every=1.0)
+    launcher = Launcher(
+        [sys.executable, "-c", LINGER, "3.5"],
+        num_workers=2,
+        num_servers=0,
+        env=subprocess_env,
+        report_every=1.0,
+    )
     assert launcher.run() == 0
     err = capfd.readouterr().err
-    reports = re.findall(r"fastpsrun: worker 1 \(pid \d+\) still running (\d+) s after worker 0 "
-                         r"finished", err)
+    reports = re.findall(
+        r"fastpsrun: worker 1 \(pid \d+\) still running (\d+) s after worker 0 "
+        r"finished",
+        err,
+    )
     assert len(reports) >= 2, err
     assert [int(r) for r in reports] == sorted(int(r) for r in reports), err

@@ -87,8 +87,10 @@ def test_detected_inside_an_emulated_host() -> None:
     ok, why = is_supported()
     if not ok:
         pytest.skip(why)
-    probe = ("import json, os, sys; from fastps import linkspeed; "
-             "print(json.dumps(linkspeed.detect_link_mbit(os.environ['FASTPS_HOST'])))")
+    probe = (
+        "import json, os, sys; from fastps import linkspeed; "
+        "print(json.dumps(linkspeed.detect_link_mbit(os.environ['FASTPS_HOST'])))"
+    )
     with Rack(2, 0, 300.0, prefix="fpsk") as rack:
         proc = rack.spawn("w0", [sys.executable, "-c", probe])
         try:

@@ -26,8 +26,14 @@ def stats(out: str) -> dict:
 def test_each_part_leaves_its_host_once(hosts: int, local: int, cpu: int) -> None:
     worker_hosts = [f"h{i // local}" for i in range(hosts * local)]
     server_hosts = [f"h{i}" for i in range(hosts)] + [f"c{j}" for j in range(cpu)]
-    with Job(hosts * local, hosts + cpu, [SHM_WORKER, "sum"], worker_hosts=worker_hosts,
-             server_hosts=server_hosts, env={"FASTPS_PARTITION_BYTES": "128K"}) as job:
+    with Job(
+        hosts * local,
+        hosts + cpu,
+        [SHM_WORKER, "sum"],
+        worker_hosts=worker_hosts,
+        server_hosts=server_hosts,
+        env={"FASTPS_PARTITION_BYTES": "128K"},
+    ) as job:
         job.wait(120, job.workers())
         per_host = defaultdict(lambda: defaultdict(int))
         for w in job.workers():
@@ -53,8 +59,14 @@ def test_uneven_hosts_agree_on_pushes_per_part() -> None:
     # itself. Every host pushes each part once, so the servers wait for two pushes a part
     # from all three workers alike (a lone worker once counted workers instead of hosts).
     worker_hosts = ["h0", "h0", "h1"]
-    with Job(3, 2, [SHM_WORKER, "sum"], worker_hosts=worker_hosts, server_hosts=["h0", "h1"],
-             env={"FASTPS_PARTITION_BYTES": "128K"}) as job:
+    with Job(
+        3,
+        2,
+        [SHM_WORKER, "sum"],
+        worker_hosts=worker_hosts,
+        server_hosts=["h0", "h1"],
+        env={"FASTPS_PARTITION_BYTES": "128K"},
+    ) as job:
         job.wait(120, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "SHM-OK" in w.output, job.dump()
@@ -73,8 +85,20 @@ def test_local_shape_mismatch_is_named_not_hung() -> None:
 
 
 def test_fastpsrun_four_local_workers_reduce_locally() -> None:
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", "4", "--num-servers", "2",
-           "--partition-bytes", "64K", sys.executable, SHM_WORKER, "sum"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        "4",
+        "--num-servers",
+        "2",
+        "--partition-bytes",
+        "64K",
+        sys.executable,
+        SHM_WORKER,
+        "sum",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("SHM-OK") == 4

@@ -46,26 +46,31 @@ def machines() -> Iterator[Tuple[Rack, Machines]]:
     if not ok:
         pytest.skip(why)
     if find_stale(PREFIX):
-        pytest.fail(f"stale rack objects {find_stale(PREFIX)}; run python -m "
-                    f"benchmarks.rack.cli down --prefix {PREFIX}")
+        pytest.fail(
+            f"stale rack objects {find_stale(PREFIX)}; run python -m "
+            f"benchmarks.rack.cli down --prefix {PREFIX}"
+        )
     try:
-        with Rack(4, 3, None, prefix=PREFIX) as rack, \
-                Machines(rack, hide={"c2": [PACKAGE_DIR]},
-                         extra_hosts={"w9": "198.18.1.250"}) as m:
+        with (
+            Rack(4, 3, None, prefix=PREFIX) as rack,
+            Machines(rack, hide={"c2": [PACKAGE_DIR]}, extra_hosts={"w9": "198.18.1.250"}) as m,
+        ):
             yield rack, m
     finally:
         cleanup(PREFIX)
 
 
 def _fastpsrun(m: Machines, args: List[str], label: str):
-    return m.spawn("w0", [sys.executable, "-m", "fastps.launcher", *args], env=ENV,
-                   cwd=str(REPO), label=label)
+    return m.spawn(
+        "w0", [sys.executable, "-m", "fastps.launcher", *args], env=ENV, cwd=str(REPO), label=label
+    )
 
 
 def _output(rack: Rack, label: str) -> str:
     tag = f"[w0/{label}] "
-    return "\n".join(line[len(tag):] for line in rack.logs()["w0"].splitlines()
-                     if line.startswith(tag))
+    return "\n".join(
+        line[len(tag) :] for line in rack.logs()["w0"].splitlines() if line.startswith(tag)
+    )
 
 
 def _assert_nothing_left(rack: Rack, m: Machines) -> None:
@@ -90,13 +95,27 @@ def _accuracy(text: str) -> Tuple[int, int]:
 def test_train_digits_across_six_machines(machines) -> None:
     rack, m = machines
     t0 = time.monotonic()
-    multi = _fastpsrun(m, ["-np", "4", "-H", "w0:1,w1:1,w2:1,w3:1", "--server-hosts", "c0,c1",
-                           sys.executable, DIGITS], "multi")
+    multi = _fastpsrun(
+        m,
+        [
+            "-np",
+            "4",
+            "-H",
+            "w0:1,w1:1,w2:1,w3:1",
+            "--server-hosts",
+            "c0,c1",
+            sys.executable,
+            DIGITS,
+        ],
+        "multi",
+    )
     assert rack.run_all([multi], timeout=400, check=False) == [0], _output(rack, "multi")
     took = time.monotonic() - t0
     out = _output(rack, "multi")
-    assert "w0: worker 0, server 0; w1: worker 1, server 1; w2: worker 2, server 2; " \
-           "w3: worker 3, server 3; c0: server 4; c1: server 5" in out, out
+    assert (
+        "w0: worker 0, server 0; w1: worker 1, server 1; w2: worker 2, server 2; "
+        "w3: worker 3, server 3; c0: server 4; c1: server 5" in out
+    ), out
     # Every worker ran on its own machine and printed with its host in the prefix.
     assert "[worker 0@w0] test accuracy" in out, out
     _assert_nothing_left(rack, m)
@@ -105,8 +124,9 @@ def test_train_digits_across_six_machines(machines) -> None:
     assert rack.run_all([single], timeout=400, check=False) == [0], _output(rack, "single")
     right_multi, total = _accuracy(out)
     right_single, _ = _accuracy(_output(rack, "single"))
-    print(f"multi-machine: {right_multi}/{total} in {took:.1f} s; one machine: "
-          f"{right_single}/{total}")
+    print(
+        f"multi-machine: {right_multi}/{total} in {took:.1f} s; one machine: {right_single}/{total}"
+    )
     assert right_multi / total >= 0.95
     # Same data, seed and shards; only the order of float sums may differ.
     assert abs(right_multi - right_single) <= 2, (right_multi, right_single)
@@ -133,16 +153,35 @@ def test_failing_worker_ends_job_and_leaves_nothing(machines) -> None:
     rack, m = machines
     t0 = time.monotonic()
     # With the interface named: every process advertises its own eth0 address.
-    proc = _fastpsrun(m, ["-np", "4", "-H", "w0:2,w1:1,w2:1", "--server-hosts", "c0",
-                          "--network-interface", "eth0",
-                          sys.executable, "-c", _WORKER, "3"], "fail")
+    proc = _fastpsrun(
+        m,
+        [
+            "-np",
+            "4",
+            "-H",
+            "w0:2,w1:1,w2:1",
+            "--server-hosts",
+            "c0",
+            "--network-interface",
+            "eth0",
+            sys.executable,
+            "-c",
+            _WORKER,
+            "3",
+        ],
+        "fail",
+    )
     codes = rack.run_all([proc], timeout=120, check=False)
     out = _output(rack, "fail")
     assert codes == [3], out
     assert "worker 3@w2" in out and "exited with code 3" in out, out
     assert "scheduler at 198.18.1.1;" in out, out
-    for rank, host, addr in ((0, "w0", "198.18.1.1"), (1, "w0", "198.18.1.1"),
-                             (2, "w1", "198.18.1.2"), (3, "w2", "198.18.1.3")):
+    for rank, host, addr in (
+        (0, "w0", "198.18.1.1"),
+        (1, "w0", "198.18.1.1"),
+        (2, "w1", "198.18.1.2"),
+        (3, "w2", "198.18.1.3"),
+    ):
         assert f"[worker {rank}@{host}] ready {rank} on {host} at {addr}" in out, out
     assert time.monotonic() - t0 < 90
     _assert_nothing_left(rack, m)
@@ -152,10 +191,26 @@ def test_failing_worker_ends_job_and_leaves_nothing(machines) -> None:
 def test_ctrl_c_stops_every_machine(machines) -> None:
     rack, m = machines
     # fastpsrun's machine runs no process of this job; ssh port and key given explicitly.
-    proc = _fastpsrun(m, ["-np", "3", "-H", "w1:1,w2:1,w3:1", "--server-hosts", "c1",
-                          "--ssh-port", "2222", "--ssh-identity-file",
-                          str(m.ssh_dir / "id_ed25519"),
-                          sys.executable, "-c", _WORKER, "-1"], "intr")
+    proc = _fastpsrun(
+        m,
+        [
+            "-np",
+            "3",
+            "-H",
+            "w1:1,w2:1,w3:1",
+            "--server-hosts",
+            "c1",
+            "--ssh-port",
+            "2222",
+            "--ssh-identity-file",
+            str(m.ssh_dir / "id_ed25519"),
+            sys.executable,
+            "-c",
+            _WORKER,
+            "-1",
+        ],
+        "intr",
+    )
     deadline = time.monotonic() + 120
     while _output(rack, "intr").count("] ready ") < 3:
         assert proc.poll() is None, _output(rack, "intr")
@@ -185,8 +240,7 @@ def test_killed_fastpsrun_leaves_nothing_remote(machines) -> None:
     """fastpsrun gets SIGKILL (no teardown code runs): the remote agents see their stdin
     close and stop their processes, well before the heartbeat timeout (30 s here) would."""
     rack, m = machines
-    proc = _fastpsrun(m, ["-np", "2", "-H", "w1:1,w2:1", sys.executable, "-c", _SLEEPER],
-                      "kill")
+    proc = _fastpsrun(m, ["-np", "2", "-H", "w1:1,w2:1", sys.executable, "-c", _SLEEPER], "kill")
     deadline = time.monotonic() + 90
     while _output(rack, "kill").count("] ready ") < 2:
         assert proc.poll() is None, _output(rack, "kill")

@@ -65,16 +65,23 @@ def test_optimal_time_matches_allreduce_and_ps_limits() -> None:
 @pytest.mark.parametrize("n,k", [(4, 0), (4, 1), (4, 2), (4, 4), (2, 1)])
 def test_parts_are_balanced_by_bytes_and_identical_on_every_worker(n: int, k: int) -> None:
     rng = np.random.default_rng(0)
-    shapes = [64 * 3 * 49] + [
-        int(x) for x in rng.choice([256, 2048, 64 * 64 * 9, 256 * 256 * 9, 512 * 512 * 9,
-                                    2048 * 512], 160)
-    ] + [2048 * 1000]
+    shapes = (
+        [64 * 3 * 49]
+        + [
+            int(x)
+            for x in rng.choice(
+                [256, 2048, 64 * 64 * 9, 256 * 256 * 9, 512 * 512 * 9, 2048 * 512], 160
+            )
+        ]
+        + [2048 * 1000]
+    )
     w = np.array(server_weights(*layout(n, k)))
     loads = []
     for rank in range(2):
         cfg = Config(rank=rank, num_workers=2, job_id="j", token="t")
-        opts = worker_options(cfg, ["h0", "h1"], servers=["127.0.0.1:1"] * len(w),
-                              server_weights=list(w))
+        opts = worker_options(
+            cfg, ["h0", "h1"], servers=["127.0.0.1:1"] * len(w), server_weights=list(w)
+        )
         wk = _core.Worker(opts)
         load = np.zeros(len(w))
         for i, s in enumerate(shapes):
@@ -97,8 +104,13 @@ FAST = {(1, 0, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1), (4, 4, 1), (2, 5, 2)}
 def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
     worker_hosts = [f"w{i // local}" for i in range(n * local)]
     server_hosts = [f"w{i}" for i in range(n)] + [f"c{j}" for j in range(k)]
-    with Job(n * local, n + k, [os.path.join(WORKERS, "placement_worker.py")],
-             worker_hosts=worker_hosts, server_hosts=server_hosts) as job:
+    with Job(
+        n * local,
+        n + k,
+        [os.path.join(WORKERS, "placement_worker.py")],
+        worker_hosts=worker_hosts,
+        server_hosts=server_hosts,
+    ) as job:
         job.wait(120, job.workers())
         for wp in job.workers():
             assert wp.popen.returncode == 0 and "PLACEMENT-OK" in wp.output, job.dump()
@@ -189,9 +201,14 @@ def test_paced_flows_are_capped_and_sums_exact(link: str) -> None:
     share (2.5 MB/s here), so 4 MiB (2 MiB each way per host) takes at least ~0.8 s; with
     no stated link the same transfer is not held back."""
     nbytes = 4 << 20
-    with Job(2, 2, [os.path.join(WORKERS, "pacing_worker.py"), str(nbytes)],
-             env={"FASTPS_LINK_MBIT": link},
-             worker_hosts=["w0", "w1"], server_hosts=["w0", "w1"]) as job:
+    with Job(
+        2,
+        2,
+        [os.path.join(WORKERS, "pacing_worker.py"), str(nbytes)],
+        env={"FASTPS_LINK_MBIT": link},
+        worker_hosts=["w0", "w1"],
+        server_hosts=["w0", "w1"],
+    ) as job:
         job.wait(60, job.workers())
         times = []
         for wp in job.workers():

@@ -20,10 +20,20 @@ ORDER_WORKER = os.path.join(WORKERS, "order_worker.py")
 @pytest.mark.parametrize("mode", ["priority", "equal"])
 @pytest.mark.parametrize("window", ["1", "64K"])
 def test_shuffled_orders_finish_with_exact_sums(mode: str, window: str) -> None:
-    env = {"FASTPS_WINDOW_BYTES": window, "FASTPS_PARTITION_BYTES": "8K",
-           "FASTPS_CREDIT_BYTES": "8K", "FASTPS_OP_TIMEOUT": "60"}
-    with Job(3, 3, [ORDER_WORKER, mode], worker_hosts=["a", "b", "c"],
-             server_hosts=["a", "b", "c"], env=env) as job:
+    env = {
+        "FASTPS_WINDOW_BYTES": window,
+        "FASTPS_PARTITION_BYTES": "8K",
+        "FASTPS_CREDIT_BYTES": "8K",
+        "FASTPS_OP_TIMEOUT": "60",
+    }
+    with Job(
+        3,
+        3,
+        [ORDER_WORKER, mode],
+        worker_hosts=["a", "b", "c"],
+        server_hosts=["a", "b", "c"],
+        env=env,
+    ) as job:
         job.wait(120, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
@@ -34,8 +44,9 @@ def test_large_tensors_in_opposite_orders_finish(mode: str) -> None:
     # Two emulated hosts, TCP pushes with the default window and 256 KiB parts: each
     # ~3 MiB tensor is a dozen parts, and the workers start at opposite ends of the list.
     env = {"FASTPS_OP_TIMEOUT": "90"}
-    with Job(2, 2, [ORDER_WORKER, mode], worker_hosts=["a", "b"], server_hosts=["a", "b"],
-             env=env) as job:
+    with Job(
+        2, 2, [ORDER_WORKER, mode], worker_hosts=["a", "b"], server_hosts=["a", "b"], env=env
+    ) as job:
         job.wait(120, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()

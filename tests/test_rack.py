@@ -53,8 +53,10 @@ def _netns() -> List[str]:
 
 
 def _root_links() -> List[str]:
-    return sorted(line.split(":", 2)[1].strip().split("@")[0]
-                  for line in _sh("ip", "-o", "link", "show").splitlines())
+    return sorted(
+        line.split(":", 2)[1].strip().split("@")[0]
+        for line in _sh("ip", "-o", "link", "show").splitlines()
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -75,9 +77,11 @@ def _assert_clean(prefix: str, links_before: List[str]) -> None:
 def _no_leftovers():
     for prefix in (P, "fpsx", "fpss"):
         if find_stale(prefix):
-            pytest.fail(f"stale rack objects for {prefix!r} before the test: "
-                        f"{find_stale(prefix)}; run python -m benchmarks.rack.cli down "
-                        f"--prefix {prefix}")
+            pytest.fail(
+                f"stale rack objects for {prefix!r} before the test: "
+                f"{find_stale(prefix)}; run python -m benchmarks.rack.cli down "
+                f"--prefix {prefix}"
+            )
     yield
     for prefix in (P, "fpsx", "fpss"):
         cleanup(prefix)
@@ -149,10 +153,10 @@ def test_spawned_processes_killed_at_teardown():
     with Rack(2, 0, 1000, prefix=P) as rack:
         p1 = rack.spawn("w0", ["sleep", "60"])
         # A grandchild in its own session, and a process started by hand in the namespace.
-        p2 = rack.spawn("w1", ["sh", "-c", "setsid sleep 61 & echo child=$!; wait"],
-                        label="sh")
-        stray = subprocess.Popen(["ip", "netns", "exec", "fpst-w1", "sleep", "62"],
-                                 start_new_session=True)
+        p2 = rack.spawn("w1", ["sh", "-c", "setsid sleep 61 & echo child=$!; wait"], label="sh")
+        stray = subprocess.Popen(
+            ["ip", "netns", "exec", "fpst-w1", "sleep", "62"], start_new_session=True
+        )
         deadline = time.monotonic() + 5
         while "child=" not in rack.logs()["w1"] and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -180,8 +184,13 @@ def test_stale_namespace_refused():
         # The refused rack touched nothing.
         assert [n for n in _netns() if n.startswith("fpsx-")] == ["fpsx-w0"]
     finally:
-        subprocess.run([sys.executable, "-m", "benchmarks.rack.cli", "down", "--prefix",
-                        "fpsx"], cwd=REPO, check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [sys.executable, "-m", "benchmarks.rack.cli", "down", "--prefix", "fpsx"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     assert find_stale("fpsx") == []
     # A live rack also blocks a second one with the same prefix.
     with Rack(1, 0, 100, prefix="fpsx"):
@@ -238,10 +247,13 @@ _ECHO_CLIENT = textwrap.dedent("""
 def test_tcp_echo_and_isolation():
     with Rack(2, 1, 1000, prefix=P) as rack:
         w1, c0 = rack.host("w1"), rack.host("c0")
-        codes = rack.run_all([
-            ProcSpec(w1, [sys.executable, "-c", _ECHO_SERVER, w1.addr], label="srv"),
-            ProcSpec(c0, [sys.executable, "-c", _ECHO_CLIENT, w1.addr], label="cli"),
-        ], timeout=20)
+        codes = rack.run_all(
+            [
+                ProcSpec(w1, [sys.executable, "-c", _ECHO_SERVER, w1.addr], label="srv"),
+                ProcSpec(c0, [sys.executable, "-c", _ECHO_CLIENT, w1.addr], label="cli"),
+            ],
+            timeout=20,
+        )
         assert codes == [0, 0]
         logs = rack.logs()
         assert f"[w1/srv] served {c0.addr}" in logs["w1"]
@@ -255,8 +267,9 @@ def test_tcp_echo_and_isolation():
             assert "default" not in "".join(routes)
             assert _sh("ip", "-n", h.ns, "-6", "route", "show").strip() == ""
             links = _sh("ip", "-n", h.ns, "-o", "link", "show")
-            assert sorted(line.split(":")[1].strip().split("@")[0]
-                          for line in links.splitlines()) == ["eth0", "lo"]
+            assert sorted(
+                line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
+            ) == ["eth0", "lo"]
         # The switch has no addresses besides loopback and no routes off the rack.
         sw_addrs = _sh("ip", "-n", rack.switch_ns, "-4", "-o", "addr", "show").splitlines()
         assert all(" lo " in a for a in sw_addrs), sw_addrs
@@ -266,8 +279,9 @@ def test_tcp_echo_and_isolation():
 @pytest.mark.timeout(30)
 def test_run_all_timeout_and_failure():
     with Rack(2, 0, 1000, prefix=P) as rack:
-        slow = rack.spawn("w0", [sys.executable, "-c",
-                                 "import time; print('start'); time.sleep(60)"])
+        slow = rack.spawn(
+            "w0", [sys.executable, "-c", "import time; print('start'); time.sleep(60)"]
+        )
         t0 = time.monotonic()
         with pytest.raises(RackTimeoutError) as err:
             rack.run_all([slow], timeout=1.0)
@@ -278,10 +292,14 @@ def test_run_all_timeout_and_failure():
 
         t0 = time.monotonic()
         with pytest.raises(RackProcessError) as err2:
-            rack.run_all([
-                ProcSpec("w0", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"]),
-                ProcSpec("w1", ["sleep", "60"]),
-            ], timeout=20, fail_grace=0.5)
+            rack.run_all(
+                [
+                    ProcSpec("w0", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"]),
+                    ProcSpec("w1", ["sleep", "60"]),
+                ],
+                timeout=20,
+                fail_grace=0.5,
+            )
         assert time.monotonic() - t0 < 8
         assert not isinstance(err2.value, RackTimeoutError)
         assert err2.value.returncodes["0:w0"] == 3
@@ -305,9 +323,14 @@ _SIGNAL_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exit"])
 def test_teardown_on_signal_and_exit(how: str):
     links = _root_links()
-    proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_SCRIPT, how], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_SCRIPT, how],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         child = int(proc.stdout.readline())

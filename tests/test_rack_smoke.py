@@ -24,8 +24,7 @@ from benchmarks import rack_common as rc  # noqa: E402
 from benchmarks.rack import Rack, find_stale, is_supported  # noqa: E402
 
 _OK, _WHY = is_supported()
-pytestmark = [pytest.mark.root, pytest.mark.skipif(not _OK, reason=_WHY),
-              pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(not _OK, reason=_WHY), pytest.mark.timeout(90)]
 
 PREFIX = "fpsk"
 
@@ -55,15 +54,28 @@ WORKER = textwrap.dedent("""
 
 def test_push_pull_across_rack_hosts() -> None:
     if find_stale(PREFIX):
-        pytest.fail(f"stale rack objects {find_stale(PREFIX)}; run python -m "
-                    f"benchmarks.rack.cli down --prefix {PREFIX}")
-    with tempfile.TemporaryDirectory(prefix="rack-smoke-") as tmp, \
-            Rack(n_workers=2, n_cpu_hosts=1, rate_mbit=500, prefix=PREFIX) as rack:
+        pytest.fail(
+            f"stale rack objects {find_stale(PREFIX)}; run python -m "
+            f"benchmarks.rack.cli down --prefix {PREFIX}"
+        )
+    with (
+        tempfile.TemporaryDirectory(prefix="rack-smoke-") as tmp,
+        Rack(n_workers=2, n_cpu_hosts=1, rate_mbit=500, prefix=PREFIX) as rack,
+    ):
         launch = rc.start_fastps(
-            rack, n=2, k=1, worker_argv=[sys.executable, "-c", WORKER], port=29390,
-            extra_env={"RACK_RESULT_DIR": tmp, "FASTPS_PARTITION_BYTES": "1M",
-                       "FASTPS_HEARTBEAT_TIMEOUT": "20"},
-            timeout_s=40, label="smoke")
+            rack,
+            n=2,
+            k=1,
+            worker_argv=[sys.executable, "-c", WORKER],
+            port=29390,
+            extra_env={
+                "RACK_RESULT_DIR": tmp,
+                "FASTPS_PARTITION_BYTES": "1M",
+                "FASTPS_HEARTBEAT_TIMEOUT": "20",
+            },
+            timeout_s=40,
+            label="smoke",
+        )
         ok, err = rc.wait_all(rack, launch, timeout_s=60)
         assert ok, err
         res = rc.read_results(Path(tmp))

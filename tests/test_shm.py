@@ -36,8 +36,14 @@ def wait_gone(job: Job, seconds: float = 10) -> list:
 def test_colocated_server_gets_parts_through_shared_memory(shm: str) -> None:
     # Two emulated machines, one worker and one server each: each worker's own server is
     # reached through shared memory, the other one over TCP.
-    with Job(2, 2, [SHM_WORKER, "sum"], worker_hosts=["a", "b"], server_hosts=["a", "b"],
-             env={"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "256K"}) as job:
+    with Job(
+        2,
+        2,
+        [SHM_WORKER, "sum"],
+        worker_hosts=["a", "b"],
+        server_hosts=["a", "b"],
+        env={"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "256K"},
+    ) as job:
         job.wait(90, job.workers())
         for w in job.workers():
             assert w.popen.returncode == 0 and "SHM-OK" in w.output, job.dump()
@@ -77,10 +83,21 @@ def test_launcher_leaves_no_segments(tmp_path) -> None:  # type: ignore[no-untyp
     import sys
 
     job_id = "shmlaunch" + str(os.getpid())
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", "2", "--num-servers", "1",
-           "--job-id", job_id, sys.executable, SHM_WORKER, "sum"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        "2",
+        "--num-servers",
+        "1",
+        "--job-id",
+        job_id,
+        sys.executable,
+        SHM_WORKER,
+        "sum",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("SHM-OK") == 2
     assert glob.glob(f"/dev/shm/fastps-{job_id}-*") == []
-

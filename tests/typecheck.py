@@ -31,8 +31,10 @@ def layout() -> dict:
     try:
         return dict(config["tool"]["scikit-build"]["wheel"]["force-include"])
     except KeyError:
-        raise SystemExit("typecheck: pyproject.toml has no [tool.scikit-build.wheel."
-                         "force-include] table to lay the package out from") from None
+        raise SystemExit(
+            "typecheck: pyproject.toml has no [tool.scikit-build.wheel."
+            "force-include] table to lay the package out from"
+        ) from None
 
 
 def stage(dest: Path) -> None:
@@ -53,10 +55,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fastps-typecheck-") as tmp:
         stage(Path(tmp))
         cmd = [
-            sys.executable, "-m", "mypy",
-            "--config-file", str(ROOT / "pyproject.toml"),
-            "--cache-dir", str(ROOT / ".mypy_cache"),
-            "-p", "fastps", *sys.argv[1:],
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(ROOT / ".mypy_cache"),
+            "-p",
+            "fastps",
+            *sys.argv[1:],
         ]
         return subprocess.call(cmd, cwd=tmp, env={**os.environ, "MYPYPATH": tmp})
 

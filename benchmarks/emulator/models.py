@@ -89,8 +89,9 @@ def resnet50() -> ModelSpec:
     """torchvision's resnet50 (v1.5: the stride sits in the 3x3 convolution), 224x224."""
     layers = [_conv("conv1", 3, 64, 7, 112, False), _norm("bn1", 64, 64 * 112 * 112)]
     inplanes, hw = 64, 56  # after the max pool
-    for stage, (planes, blocks, stride) in enumerate(((64, 3, 1), (128, 4, 2), (256, 6, 2),
-                                                      (512, 3, 2)), 1):
+    for stage, (planes, blocks, stride) in enumerate(
+        ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)), 1
+    ):
         for b in range(blocks):
             s = stride if b == 0 else 1
             out_hw = hw // s
@@ -117,8 +118,26 @@ def vgg16() -> ModelSpec:
     """torchvision's vgg16 (configuration D, no batch norm), 224x224."""
     layers: List[Layer] = []
     cin, hw, idx = 3, 224, 0
-    for item in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-                 512, 512, 512, "M"):
+    for item in (
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+    ):
         if item == "M":
             hw //= 2
             idx += 1
@@ -140,9 +159,15 @@ def bert_base(seq: int = BERT_SEQ) -> ModelSpec:
     the pooler and a 2-way classification head; a sample is a sequence of ``seq`` tokens."""
     h, ffn, vocab = 768, 3072, 30522
     layers: List[Layer] = [
-        Layer("embeddings", (("word_embeddings", (vocab, h)),
-                             ("position_embeddings", (512, h)),
-                             ("token_type_embeddings", (2, h))), 2.0 * h * seq),
+        Layer(
+            "embeddings",
+            (
+                ("word_embeddings", (vocab, h)),
+                ("position_embeddings", (512, h)),
+                ("token_type_embeddings", (2, h)),
+            ),
+            2.0 * h * seq,
+        ),
         _norm("embeddings.LayerNorm", h, h * seq),
     ]
     for i in range(12):
@@ -205,17 +230,23 @@ def layer_times(model: ModelSpec, iteration_s: float) -> List[Tuple[float, float
     """(forward, backward) seconds of every layer when an iteration's compute takes
     ``iteration_s``: a third forward, two thirds backward, split by FLOPs."""
     total = model.forward_flops
-    return [(iteration_s * layer.flops / total / 3.0, 2.0 * iteration_s * layer.flops / total / 3.0)
-            for layer in model.layers]
+    return [
+        (iteration_s * layer.flops / total / 3.0, 2.0 * iteration_s * layer.flops / total / 3.0)
+        for layer in model.layers
+    ]
 
 
 def summary() -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     for name in MODELS:
         m = spec(name)
-        out[name] = {"params_m": m.numel / 1e6, "tensors": m.tensors,
-                     "gflops_fwd": m.forward_flops / 1e9, "batch": m.batch,
-                     "v100_s": reference_iteration_s(m)}
+        out[name] = {
+            "params_m": m.numel / 1e6,
+            "tensors": m.tensors,
+            "gflops_fwd": m.forward_flops / 1e9,
+            "batch": m.batch,
+            "v100_s": reference_iteration_s(m),
+        }
     return out
 
 

@@ -46,8 +46,12 @@ CLOCK = _Clock()
 
 class _Sleep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, layer: EmulatedLayer,  # type: ignore[override]
-                *params: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        layer: EmulatedLayer,  # type: ignore[override]
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
         ctx.layer = layer
         CLOCK.spend(layer.forward_s)
         return x.clone()
@@ -63,8 +67,13 @@ class _Sleep(torch.autograd.Function):
 
 
 class EmulatedLayer(torch.nn.Module):
-    def __init__(self, params: Sequence[Tuple[str, Tuple[int, ...]]], forward_s: float,
-                 backward_s: float, grad_values: Sequence[float]) -> None:
+    def __init__(
+        self,
+        params: Sequence[Tuple[str, Tuple[int, ...]]],
+        forward_s: float,
+        backward_s: float,
+        grad_values: Sequence[float],
+    ) -> None:
         super().__init__()
         for name, shape in params:
             # zeros: every rank starts alike without a broadcast; pages are touched lazily
@@ -89,8 +98,9 @@ class EmulatedModel(torch.nn.Module):
         for i, (layer, (fwd, bwd)) in enumerate(zip(spec.layers, layer_times(spec, iteration_s))):
             # small, exactly representable, different per rank and tensor
             values = [(rank + 1) * (1 + (i + j) % 7) / 1024.0 for j in range(len(layer.params))]
-            self.layers[layer.name.replace(".", "_")] = EmulatedLayer(layer.params, fwd, bwd,
-                                                                      values)
+            self.layers[layer.name.replace(".", "_")] = EmulatedLayer(
+                layer.params, fwd, bwd, values
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():

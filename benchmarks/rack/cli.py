@@ -32,17 +32,21 @@ from .rack import (
 def _add_rack_args(p: argparse.ArgumentParser, default_prefix: str = "fpsr") -> None:
     p.add_argument("--workers", type=int, default=2, help="worker hosts w0..w{n-1}")
     p.add_argument("--cpu-hosts", type=int, default=0, help="CPU hosts c0..c{k-1}")
-    p.add_argument("--rate", type=float, default=1000.0,
-                   help="per-host link rate in Mbit/s, each direction (0 = unshaped)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=1000.0,
+        help="per-host link rate in Mbit/s, each direction (0 = unshaped)",
+    )
     p.add_argument("--delay", type=float, default=0.0, help="one-way delay in ms (netem)")
     p.add_argument("--loss", type=float, default=0.0, help="loss in percent (netem)")
-    p.add_argument("--prefix", default=default_prefix,
-                   help="name prefix of namespaces (default %(default)s)")
+    p.add_argument(
+        "--prefix", default=default_prefix, help="name prefix of namespaces (default %(default)s)"
+    )
 
 
 def _make_rack(a: argparse.Namespace) -> Rack:
-    return Rack(a.workers, a.cpu_hosts, a.rate, delay_ms=a.delay, loss_pct=a.loss,
-                prefix=a.prefix)
+    return Rack(a.workers, a.cpu_hosts, a.rate, delay_ms=a.delay, loss_pct=a.loss, prefix=a.prefix)
 
 
 def _print_hosts(rack: Rack) -> None:
@@ -113,7 +117,11 @@ def _cmd_run(a: argparse.Namespace) -> int:
         for name in names:
             h = rack.host(name)
             fields: Dict[str, object] = {
-                "name": h.name, "addr": h.addr, "role": h.role, "index": h.index, "ns": h.ns,
+                "name": h.name,
+                "addr": h.addr,
+                "role": h.role,
+                "index": h.index,
+                "ns": h.ns,
             }
             procs.append(rack.spawn(h, [_fill(arg, fields) for arg in argv]))
         try:
@@ -129,8 +137,9 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.rack.cli",
-                                     description="emulated rack of network namespaces")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rack.cli", description="emulated rack of network namespaces"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("up", help="build a rack and leave it running")

@@ -71,7 +71,8 @@ def utilisation(path: Path) -> Series:
     with path.open() as f:
         for row in csv.DictReader(f):
             raw.setdefault(row["host"], []).append(
-                (float(row["t"]), int(row["rx_bytes"]), int(row["tx_bytes"])))
+                (float(row["t"]), int(row["rx_bytes"]), int(row["tx_bytes"]))
+            )
     out: Series = {}
     for host, pts in raw.items():
         series = []
@@ -85,8 +86,9 @@ def utilisation(path: Path) -> Series:
     return out
 
 
-def busy_fraction(series: Series, t0: float, t1: float,
-                  rate_mbit: float) -> Dict[str, Tuple[float, float]]:
+def busy_fraction(
+    series: Series, t0: float, t1: float, rate_mbit: float
+) -> Dict[str, Tuple[float, float]]:
     """{host: (egress, ingress)} bytes moved in [t0, t1] as a fraction of rate x (t1 - t0)."""
     out = {}
     for host, pts in series.items():

@@ -83,24 +83,31 @@ def ensure_ssh() -> tuple:
     ok, why = ssh_supported()
     if ok:
         return ok, why
-    res = subprocess.run(["sh", str(_SETUP), "--ssh"], capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(["sh", str(_SETUP), "--ssh"], capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         return False, f"installing OpenSSH failed: {res.stderr.strip()[-500:]}"
     return ssh_supported()
 
 
 def _keygen(path: Path, comment: str) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f",
-                    str(path)], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     return path.with_suffix(".pub").read_text().strip()
 
 
 class Machines:
     """sshd on every host of a running rack; use as a context manager inside the rack's."""
 
-    def __init__(self, rack: Rack, hide: Optional[Mapping[str, Sequence[str]]] = None,
-                 extra_hosts: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(
+        self,
+        rack: Rack,
+        hide: Optional[Mapping[str, Sequence[str]]] = None,
+        extra_hosts: Optional[Mapping[str, str]] = None,
+    ) -> None:
         self.rack = rack
         self.hide = {rack.host(h).name: list(paths) for h, paths in (hide or {}).items()}
         self.extra_hosts = dict(extra_hosts or {})  # name -> address, e.g. a host that is off
@@ -139,8 +146,9 @@ class Machines:
             lines.append(f"{addr} {name}")
         (self.dir / "hosts").write_text("\n".join(lines) + "\n")
         (ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")
-        (ssh_dir / "config").write_text("Host *\n  User root\n  BatchMode yes\n"
-                                        "  StrictHostKeyChecking yes\n")
+        (ssh_dir / "config").write_text(
+            "Host *\n  User root\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        )
         for p in ssh_dir.iterdir():
             p.chmod(0o600)
         cfg = self.dir / "sshd_config"
@@ -160,13 +168,29 @@ class Machines:
 
     def _enter_argv(self, h: Host, argv: Sequence[str]) -> List[str]:
         assert self.dir is not None
-        return ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", _ENTER,
-                "sh", h.name, str(self.dir / "hosts"), str(self.ssh_dir), str(self.home_ssh),
-                *self.hide.get(h.name, []), "--", *argv]
+        return [
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _ENTER,
+            "sh",
+            h.name,
+            str(self.dir / "hosts"),
+            str(self.ssh_dir),
+            str(self.home_ssh),
+            *self.hide.get(h.name, []),
+            "--",
+            *argv,
+        ]
 
     def _start_sshd(self, h: Host, cfg: Path) -> None:
-        argv = self._enter_argv(h, [SSHD, "-D", "-e", "-f", str(cfg),
-                                    "-o", f"ListenAddress={h.addr}"])
+        argv = self._enter_argv(
+            h, [SSHD, "-D", "-e", "-f", str(cfg), "-o", f"ListenAddress={h.addr}"]
+        )
         # sshd builds every session's environment itself; what spawn adds stays with sshd.
         self.sshd[h.name] = self.rack.spawn(h, argv, label="sshd")
 
@@ -177,12 +201,17 @@ class Machines:
             for name in sorted(pending):
                 proc = self.sshd[name]
                 if proc.poll() is not None:
-                    raise RackError(f"sshd on {name} exited with {proc.returncode}:\n"
-                                    f"{self.rack.logs()[name][-2000:]}")
+                    raise RackError(
+                        f"sshd on {name} exited with {proc.returncode}:\n"
+                        f"{self.rack.logs()[name][-2000:]}"
+                    )
                 h = self.rack.host(name)
-                res = subprocess.run(["ip", "netns", "exec", h.ns, "ss", "-Hltn",
-                                      f"src {h.addr}:22"], capture_output=True, text=True,
-                                     timeout=10)
+                res = subprocess.run(
+                    ["ip", "netns", "exec", h.ns, "ss", "-Hltn", f"src {h.addr}:22"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
                 if "LISTEN" in res.stdout:
                     pending.discard(name)
             if pending and time.monotonic() > deadline:
@@ -193,20 +222,36 @@ class Machines:
     def sshd_pid(self, host: HostRef) -> int:
         return self.sshd[self.rack.host(host).name].pid
 
-    def machine_argv(self, host: HostRef, argv: Sequence[str],
-                     cwd: Optional[str] = None) -> List[str]:
+    def machine_argv(
+        self, host: HostRef, argv: Sequence[str], cwd: Optional[str] = None
+    ) -> List[str]:
         """argv run on the machine: in its host name and file view (its network namespace
         comes from ``Rack.spawn``), in ``cwd`` (default: ours)."""
-        return ["nsenter", "-t", str(self.sshd_pid(host)), "-u", "-m",
-                f"--wd={cwd or os.getcwd()}", "--", *argv]
+        return [
+            "nsenter",
+            "-t",
+            str(self.sshd_pid(host)),
+            "-u",
+            "-m",
+            f"--wd={cwd or os.getcwd()}",
+            "--",
+            *argv,
+        ]
 
-    def spawn(self, host: HostRef, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-              cwd: Optional[str] = None, label: Optional[str] = None) -> subprocess.Popen:
+    def spawn(
+        self,
+        host: HostRef,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        label: Optional[str] = None,
+    ) -> subprocess.Popen:
         """Starts argv on the machine, logged like ``Rack.spawn`` (which adds FASTPS_HOST and
         FASTPS_HOSTNAME to the environment: drop them with ``env`` values of "" if the
         processes must find their own)."""
-        return self.rack.spawn(host, self.machine_argv(host, argv, cwd), env=env, cwd=cwd,
-                               label=label)
+        return self.rack.spawn(
+            host, self.machine_argv(host, argv, cwd), env=env, cwd=cwd, label=label
+        )
 
     def processes(self, host: HostRef) -> List[int]:
         """Live processes in the host's network namespace other than its sshd listener."""

@@ -85,8 +85,9 @@ class StaleRackError(RackError):
 class RackProcessError(RackError):
     """A process run by ``Rack.run_all`` exited with a non-zero status."""
 
-    def __init__(self, message: str, returncodes: Dict[str, Optional[int]],
-                 logs: Dict[str, str]) -> None:
+    def __init__(
+        self, message: str, returncodes: Dict[str, Optional[int]], logs: Dict[str, str]
+    ) -> None:
         self.returncodes = returncodes
         self.logs = logs
         super().__init__(message)
@@ -121,11 +122,17 @@ class ProcSpec:
 # --------------------------------------------------------------------------- helpers
 
 
-def _run(argv: Sequence[str], *, check: bool = True,
-         timeout: float = _CMD_TIMEOUT, stdin: Optional[str] = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float = _CMD_TIMEOUT,
+    stdin: Optional[str] = None,
+) -> subprocess.CompletedProcess:
     try:
-        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                             input=stdin)
+        res = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, input=stdin
+        )
     except subprocess.TimeoutExpired as exc:
         raise RackError(f"command timed out after {timeout}s: {' '.join(argv)}") from exc
     if check and res.returncode != 0:
@@ -240,8 +247,9 @@ def is_supported() -> Tuple[bool, str]:
         return False, "needs root (network namespaces and tc)"
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            return False, (f"'{tool}' not found; install iproute2 "
-                           "(sh benchmarks/rack/setup_deps.sh)")
+            return False, (
+                f"'{tool}' not found; install iproute2 (sh benchmarks/rack/setup_deps.sh)"
+            )
     ns = f"fpsprobe{os.getpid()}"
     try:
         steps = [
@@ -272,13 +280,19 @@ def netem_supported() -> Tuple[bool, str]:
     ns = f"fpsprobe{os.getpid()}"
     try:
         _run(["ip", "netns", "add", ns], timeout=10)
-        _run(["ip", "-n", ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"],
-             timeout=10)
-        res = _run(["tc", "-n", ns, "qdisc", "add", "dev", "pa", "root", "netem", "delay",
-                    "1ms"], check=False, timeout=10)
+        _run(
+            ["ip", "-n", ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"], timeout=10
+        )
+        res = _run(
+            ["tc", "-n", ns, "qdisc", "add", "dev", "pa", "root", "netem", "delay", "1ms"],
+            check=False,
+            timeout=10,
+        )
         if res.returncode != 0:
-            return False, ("the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so "
-                           f"delay_ms/loss_pct cannot be emulated: {res.stderr.strip()}")
+            return False, (
+                "the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so "
+                f"delay_ms/loss_pct cannot be emulated: {res.stderr.strip()}"
+            )
     except (OSError, RackError) as exc:
         return False, f"netem probe failed: {exc}"
     finally:
@@ -429,8 +443,15 @@ class Rack:
     (while the rack is up) and at interpreter exit.
     """
 
-    def __init__(self, n_workers: int, n_cpu_hosts: int, rate_mbit: Optional[float],
-                 delay_ms: float = 0, loss_pct: float = 0, prefix: str = "fpsr") -> None:
+    def __init__(
+        self,
+        n_workers: int,
+        n_cpu_hosts: int,
+        rate_mbit: Optional[float],
+        delay_ms: float = 0,
+        loss_pct: float = 0,
+        prefix: str = "fpsr",
+    ) -> None:
         _validate_prefix(prefix)
         if not 0 <= n_workers <= _MAX_HOSTS_PER_ROLE:
             raise ValueError(f"n_workers must be in 0..{_MAX_HOSTS_PER_ROLE}")
@@ -447,10 +468,14 @@ class Rack:
         self.loss_pct = float(loss_pct)
         self.prefix = prefix
         self.switch_ns = f"{prefix}-sw"
-        hosts = [Host(f"w{i}", f"{prefix}-w{i}", f"{_WORKER_NET}{i + 1}", "worker", i)
-                 for i in range(n_workers)]
-        hosts += [Host(f"c{j}", f"{prefix}-c{j}", f"{_CPU_NET}{j + 1}", "cpu", j)
-                  for j in range(n_cpu_hosts)]
+        hosts = [
+            Host(f"w{i}", f"{prefix}-w{i}", f"{_WORKER_NET}{i + 1}", "worker", i)
+            for i in range(n_workers)
+        ]
+        hosts += [
+            Host(f"c{j}", f"{prefix}-c{j}", f"{_CPU_NET}{j + 1}", "cpu", j)
+            for j in range(n_cpu_hosts)
+        ]
         self.hosts: List[Host] = hosts
         self._by_name = {h.name: h for h in hosts}
         self._logs = _LogBook([h.name for h in hosts])
@@ -488,8 +513,9 @@ class Rack:
         try:
             return self._by_name[ref]
         except KeyError:
-            raise KeyError(f"no host {ref!r} in rack {self.prefix} "
-                           f"(hosts: {', '.join(self._by_name)})") from None
+            raise KeyError(
+                f"no host {ref!r} in rack {self.prefix} (hosts: {', '.join(self._by_name)})"
+            ) from None
 
     def env_for(self, host: HostRef) -> Dict[str, str]:
         """A copy of os.environ plus FASTPS_HOST / FASTPS_HOSTNAME for this host."""
@@ -582,9 +608,13 @@ class Rack:
                 atexit.unregister(self._atexit)
             self.teardown_problems = problems
             if problems:
-                print(f"[rack {self.prefix}] teardown problems:\n  " + "\n  ".join(problems)
-                      + f"\n  fix with: python -m benchmarks.rack.cli down --prefix "
-                      f"{self.prefix}", file=sys.stderr)
+                print(
+                    f"[rack {self.prefix}] teardown problems:\n  "
+                    + "\n  ".join(problems)
+                    + f"\n  fix with: python -m benchmarks.rack.cli down --prefix "
+                    f"{self.prefix}",
+                    file=sys.stderr,
+                )
         pending, self._pending_signal = self._pending_signal, None
         if pending is not None:
             self._chain_signal(pending[0], None, pending[1])
@@ -641,18 +671,58 @@ class Rack:
         sw = self.switch_ns
         self._ns_add(sw)
         _run(["ip", "-n", sw, "link", "set", "lo", "up"])
-        _run(["ip", "-n", sw, "link", "add", _BRIDGE, "type", "bridge",
-              "stp_state", "0", "forward_delay", "0"])
+        _run(
+            [
+                "ip",
+                "-n",
+                sw,
+                "link",
+                "add",
+                _BRIDGE,
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
+                "forward_delay",
+                "0",
+            ]
+        )
         _run(["ip", "-n", sw, "link", "set", _BRIDGE, "up"])
         for h in self.hosts:
             self._ns_add(h.ns)
             # No IPv6: the only way out of a host is IPv4 on the rack subnet.
-            _run(["ip", "netns", "exec", h.ns, "sysctl", "-q", "-w",
-                  "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
-                 check=False)
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.ns,
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ],
+                check=False,
+            )
             _run(["ip", "-n", h.ns, "link", "set", "lo", "up"])
-            _run(["ip", "link", "add", _HOST_IF, "netns", h.ns, "type", "veth",
-                  "peer", "name", h.name, "netns", sw])
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    _HOST_IF,
+                    "netns",
+                    h.ns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    h.name,
+                    "netns",
+                    sw,
+                ]
+            )
             _run(["ip", "-n", sw, "link", "set", h.name, "master", _BRIDGE])
             self._shape(h)
             _run(["ip", "-n", h.ns, "addr", "add", f"{h.addr}/{_PREFIX_LEN}", "dev", _HOST_IF])
@@ -675,16 +745,62 @@ class Rack:
                 continue
             rate = _tc_rate(self.rate_mbit)
             burst = str(_htb_burst_bytes(self.rate_mbit))
-            _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
-                  "default", "1"])
-            _run([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
-                  "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
+            _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
+            _run(
+                [
+                    *tc,
+                    "class",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "classid",
+                    "1:1",
+                    "htb",
+                    "rate",
+                    rate,
+                    "ceil",
+                    rate,
+                    "burst",
+                    burst,
+                    "cburst",
+                    burst,
+                ]
+            )
             if extra:
-                _run([*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:",
-                      "netem", *extra])
+                _run(
+                    [
+                        *tc,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        "1:1",
+                        "handle",
+                        "10:",
+                        "netem",
+                        *extra,
+                    ]
+                )
             else:
-                _run([*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:",
-                      "pfifo", "limit", "1000"])
+                _run(
+                    [
+                        *tc,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        "1:1",
+                        "handle",
+                        "10:",
+                        "pfifo",
+                        "limit",
+                        "1000",
+                    ]
+                )
 
     # ----------------------------------------------------------------- processes
 
@@ -692,8 +808,14 @@ class Rack:
         if not self._up or self._closing:
             raise RackError(f"rack {self.prefix} is not up")
 
-    def _popen(self, h: Host, argv: Sequence[str], env: Optional[Mapping[str, str]],
-               cwd: Optional[str], stdout: Any) -> subprocess.Popen:
+    def _popen(
+        self,
+        h: Host,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        stdout: Any,
+    ) -> subprocess.Popen:
         with self._lock:
             self._require_up()
             proc = subprocess.Popen(
@@ -708,9 +830,14 @@ class Rack:
             self._procs.append(proc)
             return proc
 
-    def spawn(self, host: HostRef, argv: Sequence[str],
-              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-              label: Optional[str] = None) -> subprocess.Popen:
+    def spawn(
+        self,
+        host: HostRef,
+        argv: Sequence[str],
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        label: Optional[str] = None,
+    ) -> subprocess.Popen:
         """Start argv inside host's namespace; its stdout+stderr go to ``logs()[host]``.
 
         The environment is ``env_for(host)`` updated with ``env`` (plus
@@ -726,8 +853,12 @@ class Rack:
         proc = self._popen(h, argv, full_env, cwd, subprocess.PIPE)
         name = f"{h.name}/{label}" if label else h.name
         tag = f"[{name}]"
-        reader = threading.Thread(target=_pump, args=(proc.stdout, self._logs, h.name, tag),
-                                  name=f"rack-log-{h.name}-{proc.pid}", daemon=True)
+        reader = threading.Thread(
+            target=_pump,
+            args=(proc.stdout, self._logs, h.name, tag),
+            name=f"rack-log-{h.name}-{proc.pid}",
+            daemon=True,
+        )
         reader.start()
         with self._lock:
             self._readers.append(reader)
@@ -738,8 +869,13 @@ class Rack:
         """Collected output of spawned processes, host name -> text (every host present)."""
         return self._logs.text()
 
-    def run_all(self, specs: Sequence[Union[subprocess.Popen, ProcSpec]], timeout: float,
-                check: bool = True, fail_grace: float = 2.0) -> List[Optional[int]]:
+    def run_all(
+        self,
+        specs: Sequence[Union[subprocess.Popen, ProcSpec]],
+        timeout: float,
+        check: bool = True,
+        fail_grace: float = 2.0,
+    ) -> List[Optional[int]]:
         """Wait for processes (spawning any ProcSpec first) with a hard time bound.
 
         On timeout every listed process is killed and RackTimeoutError is raised with the
@@ -788,13 +924,17 @@ class Rack:
                 f"rack {self.prefix}: processes still running after {timeout}s, killed: "
                 f"{[n for n, c in by_name.items() if c is None]}\n"
                 f"--- last output ---\n{self._logs.tail(60)}",
-                by_name, self.logs())
+                by_name,
+                self.logs(),
+            )
         if check and any(c not in (None, 0) for c in codes):
             raise RackProcessError(
                 f"rack {self.prefix}: process failure, exit codes {by_name} "
                 f"(None = killed after another failed)\n"
                 f"--- last output ---\n{self._logs.tail(60)}",
-                by_name, self.logs())
+                by_name,
+                self.logs(),
+            )
         return codes
 
     def _join_readers(self, timeout: float) -> None:
@@ -808,8 +948,13 @@ class Rack:
 
     # ----------------------------------------------------------------- measurement
 
-    def measure_throughput(self, src_host: HostRef, dst_host: HostRef,
-                           seconds: float = 2.0, warmup: Optional[float] = None) -> float:
+    def measure_throughput(
+        self,
+        src_host: HostRef,
+        dst_host: HostRef,
+        seconds: float = 2.0,
+        warmup: Optional[float] = None,
+    ) -> float:
         """One TCP stream src -> dst for ``seconds``; returns received goodput in Mbit/s.
 
         The first ``warmup`` seconds (default: min(0.5, seconds/4)) are not counted, so the
@@ -823,33 +968,44 @@ class Rack:
         if warmup is None:
             warmup = min(0.5, seconds / 4)
         limit = seconds + 15.0
-        recv = self._popen(dst, [sys.executable, "-c", _RECV_SCRIPT, dst.addr, f"{limit}",
-                                 f"{warmup}"], None, None, subprocess.PIPE)
+        recv = self._popen(
+            dst,
+            [sys.executable, "-c", _RECV_SCRIPT, dst.addr, f"{limit}", f"{warmup}"],
+            None,
+            None,
+            subprocess.PIPE,
+        )
         send: Optional[subprocess.Popen] = None
         try:
             assert recv.stdout is not None
             port_line = _readline_bounded(recv, 10.0)
             if not port_line.strip().isdigit():
                 raise RackError(f"throughput receiver did not start: {port_line!r}")
-            send = self._popen(src, [sys.executable, "-c", _SEND_SCRIPT, dst.addr,
-                                     port_line.strip(), f"{seconds}"], None, None,
-                               subprocess.PIPE)
+            send = self._popen(
+                src,
+                [sys.executable, "-c", _SEND_SCRIPT, dst.addr, port_line.strip(), f"{seconds}"],
+                None,
+                None,
+                subprocess.PIPE,
+            )
             try:
                 s_out, _ = send.communicate(timeout=limit)
                 r_out, _ = recv.communicate(timeout=limit)
             except subprocess.TimeoutExpired as exc:
-                raise RackError(f"throughput measurement {src.name}->{dst.name} timed out")\
-                    from exc
+                raise RackError(f"throughput measurement {src.name}->{dst.name} timed out") from exc
             if send.returncode != 0 or recv.returncode != 0:
                 raise RackError(
                     f"throughput measurement {src.name}->{dst.name} failed: sender "
-                    f"rc={send.returncode} {s_out!r}, receiver rc={recv.returncode} {r_out!r}")
+                    f"rc={send.returncode} {s_out!r}, receiver rc={recv.returncode} {r_out!r}"
+                )
             stats = json.loads(r_out.decode().strip().splitlines()[-1])
         finally:
             _stop_processes([p for p in (send, recv) if p is not None], grace=0.5)
         if stats["mark_t"] is None or stats["last"] <= stats["mark_t"]:
-            raise RackError(f"throughput measurement {src.name}->{dst.name}: too little data "
-                            f"({stats['bytes']} bytes)")
+            raise RackError(
+                f"throughput measurement {src.name}->{dst.name}: too little data "
+                f"({stats['bytes']} bytes)"
+            )
         bits = (stats["bytes"] - stats["mark_b"]) * 8
         return bits / (stats["last"] - stats["mark_t"]) / 1e6
 
@@ -870,4 +1026,3 @@ def _readline_bounded(proc: subprocess.Popen, timeout: float) -> str:
         t.join(2.0)
         raise RackError(f"no output within {timeout}s from {proc.args!r}")
     return result[0].decode(errors="replace") if result else ""
-

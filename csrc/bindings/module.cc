@@ -21,7 +21,7 @@ void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 // A list-valued option: read as a tuple, so that `opts.servers.append(x)` fails
 // loudly instead of changing a copy; set by assigning a whole list.
 template <class T, class V>
-void list_option(py::class_<T>& cls, const char* name, std::vector<V> T::*field) {
+void list_option(py::class_<T>& cls, const char* name, std::vector<V> T::* field) {
   cls.def_property(
       name, [field](const T& o) { return py::tuple(py::cast(o.*field)); },
       [field](T& o, std::vector<V> v) { o.*field = std::move(v); });
@@ -89,11 +89,10 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     sum_into(as_ptr(dst), as_ptr(src), count, dtype_from_name(dt));
   });
-  m.def("sum_to",
-        [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, const std::string& dt) {
-          py::gil_scoped_release nogil;
-          sum_to(as_ptr(dst), as_ptr(a), as_ptr(b), count, dtype_from_name(dt));
-        });
+  m.def("sum_to", [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, const std::string& dt) {
+    py::gil_scoped_release nogil;
+    sum_to(as_ptr(dst), as_ptr(a), as_ptr(b), count, dtype_from_name(dt));
+  });
   m.def("scale", [](uintptr_t dst, size_t count, const std::string& dt, double f) {
     py::gil_scoped_release nogil;
     scale(as_ptr(dst), count, dtype_from_name(dt), f);
@@ -144,8 +143,8 @@ PYBIND11_MODULE(_core, m) {
             std::vector<PushPullRequest> reqs(rows.size());
             for (size_t i = 0; i < rows.size(); ++i) {
               auto& [in, out, nbytes, dtype, name, priority, scale] = rows[i];
-              reqs[i] = PushPullRequest{
-                  as_ptr(in), as_ptr(out), nbytes, dtype_from_name(dtype), name, priority, scale};
+              reqs[i] = PushPullRequest{as_ptr(in), as_ptr(out), nbytes, dtype_from_name(dtype),
+                                        name,       priority,    scale};
             }
             py::gil_scoped_release nogil;
             return w.push_pull_group(reqs);

@@ -33,8 +33,7 @@ class Buffer {
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   static constexpr size_t kDefaultMaxIdleBytes = 64u << 20;
-  explicit BufferPool(size_t max_idle_bytes = kDefaultMaxIdleBytes)
-      : max_idle_(max_idle_bytes) {}
+  explicit BufferPool(size_t max_idle_bytes = kDefaultMaxIdleBytes) : max_idle_(max_idle_bytes) {}
   ~BufferPool();
   // A buffer of at least len bytes (len rounded up to whole pages).
   std::shared_ptr<Buffer> get(size_t len);

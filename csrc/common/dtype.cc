@@ -15,11 +15,11 @@ struct DTypeInfo {
 
 // Indexed by the DType value; the static_asserts below keep the order honest.
 constexpr DTypeInfo kInfo[] = {
-    {DType::kFloat32, "float32", 4, true},   {DType::kFloat64, "float64", 8, true},
-    {DType::kFloat16, "float16", 2, true},   {DType::kBFloat16, "bfloat16", 2, true},
-    {DType::kInt32, "int32", 4, false},      {DType::kInt64, "int64", 8, false},
-    {DType::kUInt8, "uint8", 1, false},      {DType::kInt8, "int8", 1, false},
-    {DType::kInt16, "int16", 2, false},      {DType::kBool, "bool", 1, false},
+    {DType::kFloat32, "float32", 4, true}, {DType::kFloat64, "float64", 8, true},
+    {DType::kFloat16, "float16", 2, true}, {DType::kBFloat16, "bfloat16", 2, true},
+    {DType::kInt32, "int32", 4, false},    {DType::kInt64, "int64", 8, false},
+    {DType::kUInt8, "uint8", 1, false},    {DType::kInt8, "int8", 1, false},
+    {DType::kInt16, "int16", 2, false},    {DType::kBool, "bool", 1, false},
 };
 
 constexpr size_t kNumTypes = static_cast<size_t>(DType::kCount);

@@ -13,13 +13,13 @@ void log_write(LogLevel level, const std::string& msg);
 
 }  // namespace fastps
 
-#define FASTPS_LOG(level, expr)                                        \
-  do {                                                                 \
+#define FASTPS_LOG(level, expr)                                               \
+  do {                                                                        \
     if (static_cast<int>(level) >= static_cast<int>(::fastps::log_level())) { \
-      std::ostringstream fastps_log_os_;                               \
-      fastps_log_os_ << expr;                                          \
-      ::fastps::log_write(level, fastps_log_os_.str());                \
-    }                                                                  \
+      std::ostringstream fastps_log_os_;                                      \
+      fastps_log_os_ << expr;                                                 \
+      ::fastps::log_write(level, fastps_log_os_.str());                       \
+    }                                                                         \
   } while (0)
 
 #define LOG_DEBUG(expr) FASTPS_LOG(::fastps::LogLevel::kDebug, expr)

@@ -64,7 +64,7 @@ inline uint16_t float_to_fp16(float f) {
   // 0x477ff000 is 65520, halfway between the largest half (65504, odd
   // mantissa) and 65536: ties-to-even sends it and anything above to infinity.
   if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (x >= 0x38800000u) {  // normal half range (>= 2^-14)
+  if (x >= 0x38800000u) {                // normal half range (>= 2^-14)
     const uint32_t r = x - 0x38000000u;  // rebias exponent 127 -> 15
     const uint32_t lsb = (r >> 13) & 1u;
     return static_cast<uint16_t>(sign | ((r + 0xfffu + lsb) >> 13));

@@ -62,8 +62,8 @@ constexpr size_t kNumTypes = static_cast<size_t>(DType::kCount);
 // there is no read-for-ownership to save; they always use ordinary stores.
 constexpr size_t kStreamMinBytes = size_t{16} << 20;
 
-inline bool use_streaming(const void* d, const void* a, const void* b, size_t bytes,
-                          size_t elem, size_t block) {
+inline bool use_streaming(const void* d, const void* a, const void* b, size_t bytes, size_t elem,
+                          size_t block) {
   const size_t mis = reinterpret_cast<uintptr_t>(d) & (block - 1);
   return bytes >= kStreamMinBytes && d != a && d != b && mis % elem == 0;
 }
@@ -193,10 +193,10 @@ struct KernelSet {
 
 static_assert(static_cast<int>(DType::kFloat32) == 0 && static_cast<int>(DType::kFloat64) == 1 &&
                   static_cast<int>(DType::kFloat16) == 2 &&
-                  static_cast<int>(DType::kBFloat16) == 3 &&
-                  static_cast<int>(DType::kInt32) == 4 && static_cast<int>(DType::kInt64) == 5 &&
-                  static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(DType::kInt8) == 7 &&
-                  static_cast<int>(DType::kInt16) == 8 && static_cast<int>(DType::kBool) == 9,
+                  static_cast<int>(DType::kBFloat16) == 3 && static_cast<int>(DType::kInt32) == 4 &&
+                  static_cast<int>(DType::kInt64) == 5 && static_cast<int>(DType::kUInt8) == 6 &&
+                  static_cast<int>(DType::kInt8) == 7 && static_cast<int>(DType::kInt16) == 8 &&
+                  static_cast<int>(DType::kBool) == 9,
               "kernel tables below are written in DType order");
 
 const KernelSet kScalarSet = {
@@ -238,7 +238,9 @@ struct Avx2F32 {
   using V = __m256;
   using SV = __m256;
   static constexpr size_t kLanes = 8;
-  FASTPS_AVX2 static V load(const char* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  FASTPS_AVX2 static V load(const char* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
   FASTPS_AVX2 static void store(char* p, V v) { _mm256_storeu_ps(reinterpret_cast<float*>(p), v); }
   FASTPS_AVX2 static void stream(char* p, V v) { _mm256_stream_ps(reinterpret_cast<float*>(p), v); }
   FASTPS_AVX2 static V add(V x, V y) { return _mm256_add_ps(x, y); }
@@ -251,9 +253,13 @@ struct Avx2F64 {
   using V = __m256d;
   using SV = __m256d;
   static constexpr size_t kLanes = 4;
-  FASTPS_AVX2 static V load(const char* p) { return _mm256_loadu_pd(reinterpret_cast<const double*>(p)); }
+  FASTPS_AVX2 static V load(const char* p) {
+    return _mm256_loadu_pd(reinterpret_cast<const double*>(p));
+  }
   FASTPS_AVX2 static void store(char* p, V v) { _mm256_storeu_pd(reinterpret_cast<double*>(p), v); }
-  FASTPS_AVX2 static void stream(char* p, V v) { _mm256_stream_pd(reinterpret_cast<double*>(p), v); }
+  FASTPS_AVX2 static void stream(char* p, V v) {
+    _mm256_stream_pd(reinterpret_cast<double*>(p), v);
+  }
   FASTPS_AVX2 static V add(V x, V y) { return _mm256_add_pd(x, y); }
   FASTPS_AVX2 static SV factor(double f) { return _mm256_set1_pd(f); }
   FASTPS_AVX2 static V mul(V x, SV f) { return _mm256_mul_pd(x, f); }
@@ -284,7 +290,9 @@ struct Avx2F16 {
   FASTPS_AVX2 static void stream(char* p, V v) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), narrow(v));
   }
-  FASTPS_AVX2 static V add(V x, V y) { return {_mm256_add_ps(x.lo, y.lo), _mm256_add_ps(x.hi, y.hi)}; }
+  FASTPS_AVX2 static V add(V x, V y) {
+    return {_mm256_add_ps(x.lo, y.lo), _mm256_add_ps(x.hi, y.hi)};
+  }
   FASTPS_AVX2 static SV factor(double f) { return _mm256_set1_ps(static_cast<float>(f)); }
   FASTPS_AVX2 static V mul(V x, SV f) { return {_mm256_mul_ps(x.lo, f), _mm256_mul_ps(x.hi, f)}; }
 };
@@ -322,7 +330,9 @@ struct Avx2BF16 {
   FASTPS_AVX2 static void stream(char* p, V v) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), narrow(v));
   }
-  FASTPS_AVX2 static V add(V x, V y) { return {_mm256_add_ps(x.lo, y.lo), _mm256_add_ps(x.hi, y.hi)}; }
+  FASTPS_AVX2 static V add(V x, V y) {
+    return {_mm256_add_ps(x.lo, y.lo), _mm256_add_ps(x.hi, y.hi)};
+  }
   FASTPS_AVX2 static SV factor(double f) { return _mm256_set1_ps(bf16_safe_factor(f)); }
   FASTPS_AVX2 static V mul(V x, SV f) { return {_mm256_mul_ps(x.lo, f), _mm256_mul_ps(x.hi, f)}; }
 };
@@ -332,9 +342,15 @@ struct Avx2Int {
   using Op = IntOp<I>;
   using V = __m256i;
   static constexpr size_t kLanes = 32 / sizeof(I);
-  FASTPS_AVX2 static V load(const char* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  FASTPS_AVX2 static void store(char* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
-  FASTPS_AVX2 static void stream(char* p, V v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v); }
+  FASTPS_AVX2 static V load(const char* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  FASTPS_AVX2 static void store(char* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  }
+  FASTPS_AVX2 static void stream(char* p, V v) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+  }
   FASTPS_AVX2 static V add(V x, V y) {
     if constexpr (sizeof(I) == 1) return _mm256_add_epi8(x, y);
     if constexpr (sizeof(I) == 2) return _mm256_add_epi16(x, y);
@@ -450,7 +466,9 @@ struct Avx512F32 {
   FASTPS_AVX512 static void store_n(char* p, V v, size_t n) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>(lane_mask(n)), v);
   }
-  FASTPS_AVX512 static void stream(char* p, V v) { _mm512_stream_ps(reinterpret_cast<float*>(p), v); }
+  FASTPS_AVX512 static void stream(char* p, V v) {
+    _mm512_stream_ps(reinterpret_cast<float*>(p), v);
+  }
   FASTPS_AVX512 static V add(V x, V y) { return _mm512_add_ps(x, y); }
   FASTPS_AVX512 static SV factor(double f) { return _mm512_set1_ps(static_cast<float>(f)); }
   FASTPS_AVX512 static V mul(V x, SV f) { return _mm512_mul_ps(x, f); }
@@ -469,7 +487,9 @@ struct Avx512F64 {
   FASTPS_AVX512 static void store_n(char* p, V v, size_t n) {
     _mm512_mask_storeu_pd(p, static_cast<__mmask8>(lane_mask(n)), v);
   }
-  FASTPS_AVX512 static void stream(char* p, V v) { _mm512_stream_pd(reinterpret_cast<double*>(p), v); }
+  FASTPS_AVX512 static void stream(char* p, V v) {
+    _mm512_stream_pd(reinterpret_cast<double*>(p), v);
+  }
   FASTPS_AVX512 static V add(V x, V y) { return _mm512_add_pd(x, y); }
   FASTPS_AVX512 static SV factor(double f) { return _mm512_set1_pd(f); }
   FASTPS_AVX512 static V mul(V x, SV f) { return _mm512_mul_pd(x, f); }
@@ -497,7 +517,9 @@ struct Avx512Half {
   FASTPS_AVX512 static void stream(char* p, V v) {
     _mm512_stream_si512(reinterpret_cast<__m512i*>(p), Conv::pack(v));
   }
-  FASTPS_AVX512 static V add(V x, V y) { return {_mm512_add_ps(x.lo, y.lo), _mm512_add_ps(x.hi, y.hi)}; }
+  FASTPS_AVX512 static V add(V x, V y) {
+    return {_mm512_add_ps(x.lo, y.lo), _mm512_add_ps(x.hi, y.hi)};
+  }
   FASTPS_AVX512 static SV factor(double f) { return _mm512_set1_ps(static_cast<float>(f)); }
   FASTPS_AVX512 static V mul(V x, SV f) { return {_mm512_mul_ps(x.lo, f), _mm512_mul_ps(x.hi, f)}; }
 };
@@ -565,7 +587,9 @@ struct Avx512Int {
     if constexpr (sizeof(I) == 4) _mm512_mask_storeu_epi32(p, static_cast<__mmask16>(m), v);
     if constexpr (sizeof(I) == 8) _mm512_mask_storeu_epi64(p, static_cast<__mmask8>(m), v);
   }
-  FASTPS_AVX512 static void stream(char* p, V v) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v); }
+  FASTPS_AVX512 static void stream(char* p, V v) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  }
   FASTPS_AVX512 static V add(V x, V y) {
     if constexpr (sizeof(I) == 1) return _mm512_add_epi8(x, y);
     if constexpr (sizeof(I) == 2) return _mm512_add_epi16(x, y);
@@ -650,10 +674,9 @@ FASTPS_AVX512 void avx512_scale(void* dv, size_t n, double f) {
 
 const KernelSet kAvx512Set = {
     "avx512",
-    {avx512_sum<Avx512F32>, avx512_sum<Avx512F64>, avx512_sum<Avx512F16>,
-     avx512_sum<Avx512BF16>, avx512_sum<Avx512Int<int32_t>>, avx512_sum<Avx512Int<int64_t>>,
-     avx512_sum<Avx512Int<uint8_t>>, avx512_sum<Avx512Int<int8_t>>,
-     avx512_sum<Avx512Int<int16_t>>, avx512_sum<Avx512Bool>},
+    {avx512_sum<Avx512F32>, avx512_sum<Avx512F64>, avx512_sum<Avx512F16>, avx512_sum<Avx512BF16>,
+     avx512_sum<Avx512Int<int32_t>>, avx512_sum<Avx512Int<int64_t>>, avx512_sum<Avx512Int<uint8_t>>,
+     avx512_sum<Avx512Int<int8_t>>, avx512_sum<Avx512Int<int16_t>>, avx512_sum<Avx512Bool>},
     {avx512_scale<Avx512F32>, avx512_scale<Avx512F64>, avx512_scale<Avx512F16>,
      avx512_scale<Avx512BF16>, scalar_scale<IntOp<int32_t>>, scalar_scale<IntOp<int64_t>>,
      scalar_scale<IntOp<uint8_t>>, scalar_scale<IntOp<int8_t>>, scalar_scale<IntOp<int16_t>>,
@@ -667,8 +690,7 @@ bool cpu_has_avx2() {
 
 bool cpu_has_avx512() {
   __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw");
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 
 #endif  // FASTPS_X86

@@ -35,11 +35,11 @@ bool check_frame_header(const FrameHeader& h, std::string* why) {
   if (h.flags & ~kFlagShm) return bad(why, "flags", h.flags, "has unknown bits");
   auto type = static_cast<MsgType>(h.type);
   if (is_text(type) && h.len > kMaxTextBytes)
-    return bad(why, "len", h.len, "exceeds the " + std::to_string(kMaxTextBytes) +
-                                      "-byte limit of a text frame");
+    return bad(why, "len", h.len,
+               "exceeds the " + std::to_string(kMaxTextBytes) + "-byte limit of a text frame");
   if (h.len > kMaxPartBytes)
-    return bad(why, "len", h.len, "exceeds the " + std::to_string(kMaxPartBytes) +
-                                      "-byte part limit");
+    return bad(why, "len", h.len,
+               "exceeds the " + std::to_string(kMaxPartBytes) + "-byte part limit");
   if ((h.flags & kFlagShm) && !is_data(type))
     return bad(why, "flags", h.flags, "marks a non-data frame as shared memory");
   if (!is_data(type)) return true;

@@ -62,8 +62,8 @@ ServerHandshake::State ServerHandshake::on_readable(const std::string& job_id,
                                                     uint32_t num_workers) {
   if (!why_.empty()) return State::kFailed;
   while (got_ < sizeof(hello_)) {
-    ssize_t n = ::recv(fd_, reinterpret_cast<char*>(&hello_) + got_, sizeof(hello_) - got_,
-                       MSG_DONTWAIT);
+    ssize_t n =
+        ::recv(fd_, reinterpret_cast<char*>(&hello_) + got_, sizeof(hello_) - got_, MSG_DONTWAIT);
     if (n == 0) return fail("closed during the handshake");
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return State::kPending;
@@ -127,8 +127,8 @@ int connect_authenticated(const std::string& addr, const std::string& job_id,
     } catch (const HandshakeBusy& e) {
       ::close(fd);
       if (now_s() + backoff >= deadline)
-        throw TimeoutError(std::string(e.what()) + "; gave up after " +
-                           std::to_string(timeout_s) + " s");
+        throw TimeoutError(std::string(e.what()) + "; gave up after " + std::to_string(timeout_s) +
+                           " s");
       std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
       backoff = std::min(backoff * 2, 0.5);
     } catch (...) {
@@ -178,15 +178,15 @@ bool accept_handshake(int fd, const std::string& job_id, const std::string& toke
   return true;
 }
 
-void connect_handshake(int fd, const std::string& job_id, const std::string& token,
-                       uint32_t rank, uint32_t conn_index, double timeout_s,
-                       const std::string& server_desc) {
+void connect_handshake(int fd, const std::string& job_id, const std::string& token, uint32_t rank,
+                       uint32_t conn_index, double timeout_s, const std::string& server_desc) {
   Challenge ch{};
   if (!read_full(fd, &ch, sizeof(ch), timeout_s))
     throw std::runtime_error("no challenge from " + server_desc);
   if (ch.magic == kBusyMagic)
-    throw HandshakeBusy(server_desc + " refused the connection for load (too many handshakes "
-                                      "under way)");
+    throw HandshakeBusy(server_desc +
+                        " refused the connection for load (too many handshakes "
+                        "under way)");
   if (ch.magic != kChallengeMagic) throw std::runtime_error("no challenge from " + server_desc);
   Hello hello{};
   hello.magic = kHelloMagic;

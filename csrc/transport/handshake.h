@@ -22,9 +22,8 @@ bool accept_handshake(int fd, const std::string& job_id, const std::string& toke
                       uint32_t num_workers, double timeout_s, Peer* peer, std::string* why);
 // Worker side. Throws std::runtime_error if the server refuses or times out, and
 // HandshakeBusy if the server turned the connection away for load (retry it).
-void connect_handshake(int fd, const std::string& job_id, const std::string& token,
-                       uint32_t rank, uint32_t conn_index, double timeout_s,
-                       const std::string& server_desc);
+void connect_handshake(int fd, const std::string& job_id, const std::string& token, uint32_t rank,
+                       uint32_t conn_index, double timeout_s, const std::string& server_desc);
 
 struct HandshakeBusy : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -104,7 +104,7 @@ std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, size_t d
 std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name, uint64_t nonce) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("cannot open shared memory " + name + ": " + errno_text());
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < 2 * kShmPage) {
     ::close(fd);
     throw std::runtime_error("shared memory " + name + " is not a fastps segment");
@@ -116,8 +116,8 @@ std::shared_ptr<ShmSegment> ShmSegment::open(const std::string& name, uint64_t n
     throw std::runtime_error("cannot map shared memory " + name + ": " + errno_text());
   auto* h = static_cast<SegmentHeader*>(base);
   uint64_t data_bytes = h->data_bytes;
-  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kSegmentMagic ||
-      data_bytes % kShmPage != 0 || prefix_bytes(data_bytes) + data_bytes != total) {
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kSegmentMagic || data_bytes % kShmPage != 0 ||
+      prefix_bytes(data_bytes) + data_bytes != total) {
     ::munmap(base, total);
     throw std::runtime_error("shared memory " + name + " is not a fastps segment");
   }

@@ -124,7 +124,7 @@ int tcp_connect(const std::string& addr, double timeout_s, int notsent_lowat) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   throw TimeoutError("cannot connect to " + addr + " within " + std::to_string(timeout_s) +
-                           " s: " + last_err);
+                     " s: " + last_err);
 }
 
 int tcp_listen(const std::string& host, int port, int* bound_port) {
@@ -188,7 +188,7 @@ int unix_connect(const std::string& name, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   throw TimeoutError("cannot connect to local socket @" + name + " within " +
-                           std::to_string(timeout_s) + " s: " + last_err);
+                     std::to_string(timeout_s) + " s: " + last_err);
 }
 
 bool read_full(int fd, void* buf, size_t len, double timeout_s) {

@@ -177,7 +177,9 @@ EventLoop::~EventLoop() {
   ::close(wakefd_);
 }
 
-void EventLoop::start() { thread_ = std::thread([this] { run(); }); }
+void EventLoop::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void EventLoop::stop() {
   if (stop_.exchange(true)) {

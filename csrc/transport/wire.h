@@ -8,8 +8,8 @@
 
 namespace fastps {
 
-constexpr uint32_t kFrameMagic = 0x4D535046;  // "FPSM"
-constexpr uint32_t kHelloMagic = 0x48535046;  // "FPSH"
+constexpr uint32_t kFrameMagic = 0x4D535046;      // "FPSM"
+constexpr uint32_t kHelloMagic = 0x48535046;      // "FPSH"
 constexpr uint32_t kChallengeMagic = 0x43535046;  // "FPSC"
 constexpr uint32_t kBusyMagic = 0x42535046;  // "FPSB": sent instead of a challenge, retry later
 constexpr size_t kNonceBytes = 32;
@@ -34,15 +34,15 @@ struct FrameHeader {
   uint8_t type;
   uint8_t dtype;
   uint16_t flags;
-  uint32_t sender;         // worker rank (pushes) or server id (replies)
-  uint32_t part;           // part index within its tensor
-  uint64_t tensor;         // tensor id, the same on every worker
-  uint64_t len;            // payload bytes (following the header unless kFlagShm)
-  uint64_t tensor_bytes;   // whole tensor's bytes, to catch mismatched workers
-  uint64_t round;          // how many times this part was pushed before
-  uint64_t shm_offset;     // kFlagShm: byte offset of the part in the segment
-  uint32_t shm_segment;    // kFlagShm: rank of the worker whose segment holds it
-  uint32_t pushers;        // kPush: pushes per part the server waits for (0: every worker)
+  uint32_t sender;        // worker rank (pushes) or server id (replies)
+  uint32_t part;          // part index within its tensor
+  uint64_t tensor;        // tensor id, the same on every worker
+  uint64_t len;           // payload bytes (following the header unless kFlagShm)
+  uint64_t tensor_bytes;  // whole tensor's bytes, to catch mismatched workers
+  uint64_t round;         // how many times this part was pushed before
+  uint64_t shm_offset;    // kFlagShm: byte offset of the part in the segment
+  uint32_t shm_segment;   // kFlagShm: rank of the worker whose segment holds it
+  uint32_t pushers;       // kPush: pushes per part the server waits for (0: every worker)
 };
 
 #pragma pack(push, 1)

@@ -41,8 +41,7 @@ void HandleTable::complete(const std::shared_ptr<Handle>& h) {
   h->finish("");
 }
 
-void HandleTable::fail(const std::shared_ptr<Handle>& h, const std::string& msg,
-                       ErrorKind kind) {
+void HandleTable::fail(const std::shared_ptr<Handle>& h, const std::string& msg, ErrorKind kind) {
   if (h->finish(msg, kind)) registry_->finish(h->tensor, false);
 }
 

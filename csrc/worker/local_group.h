@@ -26,7 +26,7 @@ struct LocalGroupOptions {
   uint32_t rank = 0;
   uint32_t num_workers = 1;
   std::vector<uint32_t> local_ranks;  // every worker on this host, this one included, sorted
-  size_t shm_bytes = 0;  // set from WorkerOptions, like every field here
+  size_t shm_bytes = 0;               // set from WorkerOptions, like every field here
   double timeout_s = 0;
   // Polled while waiting for peers: a non-empty answer (the job aborted) ends the wait.
   std::function<std::string()> cancelled;

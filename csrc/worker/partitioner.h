@@ -2,8 +2,8 @@
 // pure function of (tensor id, part index, server weights), so every worker
 // computes the same one without coordination, whatever order tensors arrive in.
 #pragma once
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

@@ -29,7 +29,7 @@ TensorEntry* TensorRegistry::begin(const std::string& name) {
     auto clash = by_id_.find(id);
     if (clash != by_id_.end())
       throw Error("tensor names '" + name + "' and '" + clash->second->name +
-                               "' hash to the same id; rename one of them");
+                  "' hash to the same id; rename one of them");
     TensorEntry e;
     e.name = name;
     e.id = id;
@@ -38,8 +38,8 @@ TensorEntry* TensorRegistry::begin(const std::string& name) {
   }
   if (it->second.in_flight)
     throw Error("tensor '" + name +
-                             "' already has a push_pull in flight; synchronize it before "
-                             "starting another with the same name");
+                "' already has a push_pull in flight; synchronize it before "
+                "starting another with the same name");
   it->second.in_flight = true;
   return &it->second;
 }

@@ -13,7 +13,7 @@ uint64_t tensor_id_of(const std::string& name);
 struct TensorEntry {
   std::string name;
   uint64_t id = 0;
-  uint64_t rounds = 0;   // completed push_pulls of this name
+  uint64_t rounds = 0;  // completed push_pulls of this name
   bool in_flight = false;
 };
 

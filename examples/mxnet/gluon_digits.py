@@ -91,11 +91,14 @@ def main() -> int:
     pred = net(mx.nd.array(x_test)).argmax(axis=1).asnumpy()
     accuracy = float((pred == y_test).mean())
     # Every worker has the same parameters; report the job's throughput from rank 0.
-    throughput = hvd.allreduce(mx.nd.array([samples / elapsed]), average=False,
-                               name="samples_per_s").asscalar()
+    throughput = hvd.allreduce(
+        mx.nd.array([samples / elapsed]), average=False, name="samples_per_s"
+    ).asscalar()
     if rank == 0:
-        print(f"workers: {size}  test accuracy: {accuracy:.4f}  "
-              f"samples/s: {throughput:.1f}", flush=True)
+        print(
+            f"workers: {size}  test accuracy: {accuracy:.4f}  samples/s: {throughput:.1f}",
+            flush=True,
+        )
     hvd.shutdown()
     if accuracy < args.min_accuracy:
         print(f"accuracy {accuracy:.4f} is below {args.min_accuracy}", file=sys.stderr)

@@ -95,8 +95,10 @@ def main() -> int:
     # The workers step in lockstep, so the job processes size times rank 0's samples.
     throughput = samples * size / elapsed
     if rank == 0:
-        print(f"workers: {size}  test accuracy: {accuracy:.4f}  "
-              f"samples/s: {throughput:.1f}", flush=True)
+        print(
+            f"workers: {size}  test accuracy: {accuracy:.4f}  samples/s: {throughput:.1f}",
+            flush=True,
+        )
     if accuracy < args.min_accuracy:
         print(f"accuracy {accuracy:.4f} is below {args.min_accuracy}", file=sys.stderr)
         return 1

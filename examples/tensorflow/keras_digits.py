@@ -31,12 +31,14 @@ def digits() -> tuple:
 
 
 def build_model() -> keras.Model:
-    return keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def main() -> int:
@@ -57,25 +59,36 @@ def main() -> int:
     # The only changes for fastps: scale the rate with the number of workers (the global
     # batch is size times larger) and wrap the optimizer.
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(args.lr * size))
-    model.compile(optimizer=optimizer, metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=optimizer,
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # everyone starts from rank 0
         hvd.callbacks.MetricAverageCallback(),  # logs hold averages over the workers
         hvd.callbacks.LearningRateWarmupCallback(warmup_epochs=3, verbose=1),
     ]
-    history = model.fit(x_mine, y_mine, batch_size=args.batch_size, epochs=args.epochs,
-                        callbacks=callbacks, verbose=2 if rank == 0 else 0)
+    history = model.fit(
+        x_mine,
+        y_mine,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        verbose=2 if rank == 0 else 0,
+    )
 
     # Every worker scores its share of the test set; the counts are summed.
     x_eval, y_eval = x_test[rank::size], y_test[rank::size]
     predicted = np.argmax(model.predict(x_eval, verbose=0), axis=1)
-    counts = hvd.push_pull(np.array([np.sum(predicted == y_eval), len(y_eval)], np.int64),
-                           op=hvd.Sum, name="test.counts").numpy()
+    counts = hvd.push_pull(
+        np.array([np.sum(predicted == y_eval), len(y_eval)], np.int64),
+        op=hvd.Sum,
+        name="test.counts",
+    ).numpy()
     accuracy = counts[0] / counts[1]
     if rank == 0:
-        print(f"workers: {size}, final training loss (averaged): "
-              f"{history.history['loss'][-1]:.4f}")
+        print(f"workers: {size}, final training loss (averaged): {history.history['loss'][-1]:.4f}")
         print(f"test accuracy: {accuracy:.4f} ({counts[0]}/{counts[1]}), target {args.target}")
     hvd.shutdown()
     return 0 if accuracy >= args.target else 1

@@ -40,15 +40,18 @@ def main() -> int:
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     x_train, x_test, y_train, y_test = train_test_split(
-        x, y.astype(np.int64), test_size=0.25, random_state=0, stratify=y)
+        x, y.astype(np.int64), test_size=0.25, random_state=0, stratify=y
+    )
     shard = tf.data.Dataset.from_tensor_slices((x_train[rank::size], y_train[rank::size]))
 
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     optimizer = keras.optimizers.Adam(args.lr * size)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -66,20 +69,27 @@ def main() -> int:
         return loss
 
     for epoch in range(args.epochs):
-        losses = [train_step(xb, yb) for xb, yb in
-                  shard.shuffle(2048, seed=epoch * 1000 + rank).batch(args.batch_size)]
+        losses = [
+            train_step(xb, yb)
+            for xb, yb in shard.shuffle(2048, seed=epoch * 1000 + rank).batch(args.batch_size)
+        ]
         mean_loss = hvd.allreduce(tf.reduce_mean(tf.stack(losses)), name="epoch.loss")
         if rank == 0 and (epoch + 1) % 5 == 0:
             print(f"epoch {epoch + 1}: loss {float(mean_loss):.4f}", flush=True)
 
     x_eval, y_eval = x_test[rank::size], y_test[rank::size]
     predicted = np.argmax(model(x_eval, training=False).numpy(), axis=1)
-    counts = hvd.allreduce(np.array([np.sum(predicted == y_eval), len(y_eval)], np.int64),
-                           op=hvd.Sum, name="test.counts").numpy()
+    counts = hvd.allreduce(
+        np.array([np.sum(predicted == y_eval), len(y_eval)], np.int64),
+        op=hvd.Sum,
+        name="test.counts",
+    ).numpy()
     accuracy = counts[0] / counts[1]
     if rank == 0:
-        print(f"test accuracy: {accuracy:.4f} ({counts[0]}/{counts[1]}) on {size} workers, "
-              f"target {args.target}")
+        print(
+            f"test accuracy: {accuracy:.4f} ({counts[0]}/{counts[1]}) on {size} workers, "
+            f"target {args.target}"
+        )
     hvd.shutdown()
     return 0 if accuracy >= args.target else 1
 

@@ -45,14 +45,21 @@ class VGGLike(nn.Module):
             return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(inplace=True)]
 
         self.features = nn.Sequential(
-            *conv(3, 32), *conv(32, 32), nn.MaxPool2d(2),
-            *conv(32, 64), *conv(64, 64), nn.MaxPool2d(2),
-            *conv(64, 128), nn.MaxPool2d(2),
+            *conv(3, 32),
+            *conv(32, 32),
+            nn.MaxPool2d(2),
+            *conv(32, 64),
+            *conv(64, 64),
+            nn.MaxPool2d(2),
+            *conv(64, 128),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(128 * 4 * 4, 1024), nn.ReLU(inplace=True),
-            nn.Linear(1024, 1024), nn.ReLU(inplace=True),
+            nn.Linear(128 * 4 * 4, 1024),
+            nn.ReLU(inplace=True),
+            nn.Linear(1024, 1024),
+            nn.ReLU(inplace=True),
             nn.Linear(1024, num_classes),
         )
 
@@ -69,8 +76,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -83,8 +91,9 @@ class ResNetLike(nn.Module):
 
     def __init__(self, num_classes: int = 10, blocks: int = 3) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False),
-                                  nn.BatchNorm2d(16), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)
+        )
         layers: List[nn.Module] = []
         cin = 16
         for i, width in enumerate((16, 32, 64)):
@@ -104,8 +113,12 @@ MODELS = {"vgg": VGGLike, "resnet": ResNetLike}
 # ------------------------------------------------------------------------------- timing
 
 
-def benchmark(args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer,
-              log: Callable[[str], None]) -> List[float]:
+def benchmark(
+    args: argparse.Namespace,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    log: Callable[[str], None],
+) -> List[float]:
     """Runs warmup then ``num_iters`` timed iterations; returns images/second per iter."""
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
@@ -134,13 +147,21 @@ def mean_ci(values: List[float]) -> Tuple[float, float]:
     return float(t.mean()), 1.96 * std
 
 
-def report(args: argparse.Namespace, system: str, size: int, rates: List[float],
-           total_mean: float, log: Callable[[str], None]) -> None:
+def report(
+    args: argparse.Namespace,
+    system: str,
+    size: int,
+    rates: List[float],
+    total_mean: float,
+    log: Callable[[str], None],
+) -> None:
     mean, ci = mean_ci(rates)
     log(f"Img/sec per worker: {mean:.1f} +-{ci:.1f}")
     log(f"Total img/sec on {size} worker(s): {total_mean:.1f} +-{ci * size:.1f}")
-    log(f"RESULT system={system} model={args.model} batch_size={args.batch_size} "
-        f"workers={size} per_worker={mean:.2f} total={total_mean:.2f}")
+    log(
+        f"RESULT system={system} model={args.model} batch_size={args.batch_size} "
+        f"workers={size} per_worker={mean:.2f} total={total_mean:.2f}"
+    )
 
 
 def threads_for(local_size: int, requested: int) -> int:
@@ -159,9 +180,12 @@ def run_fastps(args: argparse.Namespace) -> None:
     model = MODELS[args.model]()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression,
-                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -172,8 +196,9 @@ def run_fastps(args: argparse.Namespace) -> None:
     describe(args, hvd.size(), "fastps", model, log)
     rates = benchmark(args, model, optimizer, log)
     mean, _ = mean_ci(rates)
-    total = float(hvd.allreduce(torch.tensor(mean, dtype=torch.float64), name="bench.total",
-                                op=hvd.Sum))
+    total = float(
+        hvd.allreduce(torch.tensor(mean, dtype=torch.float64), name="bench.total", op=hvd.Sum)
+    )
     report(args, "fastps", hvd.size(), rates, total, log)
     hvd.shutdown()
 
@@ -212,14 +237,16 @@ def run_ddp_worker(args: argparse.Namespace) -> None:
 
 
 def _spawned(index: int, args: argparse.Namespace, port: int) -> None:
-    os.environ.update({
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "RANK": str(index),
-        "LOCAL_RANK": str(index),
-        "WORLD_SIZE": str(args.ddp_np),
-        "LOCAL_WORLD_SIZE": str(args.ddp_np),
-    })
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(index),
+            "LOCAL_RANK": str(index),
+            "WORLD_SIZE": str(args.ddp_np),
+            "LOCAL_WORLD_SIZE": str(args.ddp_np),
+        }
+    )
     run_ddp_worker(args)
 
 
@@ -238,8 +265,9 @@ def run_ddp(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------- main
 
 
-def describe(args: argparse.Namespace, size: int, system: str, model: nn.Module,
-             log: Callable[[str], None]) -> None:
+def describe(
+    args: argparse.Namespace, size: int, system: str, model: nn.Module, log: Callable[[str], None]
+) -> None:
     params = sum(p.numel() for p in model.parameters())
     log(f"System: {system}")
     log(f"Model: {args.model} ({params / 1e6:.2f}M parameters)")
@@ -256,11 +284,19 @@ def parse(argv: Any = None) -> argparse.Namespace:
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--fp16-allreduce", action="store_true")
     p.add_argument("--use-adasum", action="store_true", help="refused: fastps only sums")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per worker (default: cores / local workers)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per worker (default: cores / local workers)",
+    )
     p.add_argument("--ddp", action="store_true", help="run under torch DDP (Gloo) instead")
-    p.add_argument("--ddp-np", type=int, default=2,
-                   help="processes to spawn for --ddp when not started by torchrun")
+    p.add_argument(
+        "--ddp-np",
+        type=int,
+        default=2,
+        help="processes to spawn for --ddp when not started by torchrun",
+    )
     return p.parse_args(argv)
 
 

@@ -29,16 +29,21 @@ def build_model(kind: str) -> torch.nn.Module:
     if kind == "cnn":
         return torch.nn.Sequential(
             torch.nn.Unflatten(1, (1, 8, 8)),
-            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(1, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1),
+            torch.nn.ReLU(),
             torch.nn.MaxPool2d(2),
             torch.nn.Flatten(),
-            torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+            torch.nn.Linear(32 * 4 * 4, 64),
+            torch.nn.ReLU(),
             torch.nn.Linear(64, 10),
         )
     return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 10),
     )
 
@@ -63,7 +68,8 @@ def main() -> int:
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
+        x, digits.target, test_size=0.25, random_state=0, stratify=digits.target
+    )
     x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
     x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
 
@@ -92,15 +98,17 @@ def main() -> int:
             optimizer.zero_grad()
             for p in range(passes):
                 start = (step * passes + p) * args.batch_size
-                idx = shard[start:start + args.batch_size]
+                idx = shard[start : start + args.batch_size]
                 loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
                 (loss / passes).backward()
                 total += torch.tensor([loss.item(), 1.0])
             optimizer.step()
         mean_loss = hvd.allreduce(total, name="train.loss", op=hvd.Sum)
         if rank == 0 and (epoch % 5 == 4 or epoch == args.epochs - 1):
-            print(f"epoch {epoch + 1:3d}  train loss {float(mean_loss[0] / mean_loss[1]):.4f}",
-                  flush=True)
+            print(
+                f"epoch {epoch + 1:3d}  train loss {float(mean_loss[0] / mean_loss[1]):.4f}",
+                flush=True,
+            )
 
     model.eval()
     with torch.no_grad():
@@ -111,12 +119,14 @@ def main() -> int:
     accuracy = float(counts[0]) / float(counts[1])
     elapsed = time.perf_counter() - started
     if rank == 0:
-        print(f"test accuracy: {accuracy:.4f} ({int(counts[0])}/{int(counts[1])}) after "
-              f"{args.epochs} epochs on {size} workers in {elapsed:.1f}s", flush=True)
+        print(
+            f"test accuracy: {accuracy:.4f} ({int(counts[0])}/{int(counts[1])}) after "
+            f"{args.epochs} epochs on {size} workers in {elapsed:.1f}s",
+            flush=True,
+        )
     hvd.shutdown()
     if accuracy < args.min_accuracy:
-        print(f"rank {rank}: accuracy {accuracy:.4f} is below {args.min_accuracy}",
-              file=sys.stderr)
+        print(f"rank {rank}: accuracy {accuracy:.4f} is below {args.min_accuracy}", file=sys.stderr)
         return 1
     return 0
 

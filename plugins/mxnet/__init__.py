@@ -66,20 +66,50 @@ from .ops import (
 from .training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "num_servers", "barrier",
-    "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "allgather",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_parameters", "synchronize", "poll", "MXHandle",
-    "DistributedOptimizer", "DistributedTrainer", "Compression", "KVStore",
-    "FastPSError", "FastPSAbort", "FastPSTimeoutError",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "num_servers",
+    "barrier",
+    "push_pull",
+    "push_pull_",
+    "push_pull_async",
+    "push_pull_async_",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_object",
+    "broadcast_parameters",
+    "synchronize",
+    "poll",
+    "MXHandle",
+    "DistributedOptimizer",
+    "DistributedTrainer",
+    "Compression",
+    "KVStore",
+    "FastPSError",
+    "FastPSAbort",
+    "FastPSTimeoutError",
 ]
 
 
-def allgather(tensor: _mx.nd.NDArray, name: Optional[str] = None,
-              priority: int = 0) -> _mx.nd.NDArray:
+def allgather(
+    tensor: _mx.nd.NDArray, name: Optional[str] = None, priority: int = 0
+) -> _mx.nd.NDArray:
     """Concatenates every worker's ``tensor`` along the first axis, in rank order.
 
     First dimensions may differ between workers; the others must match. Built on the

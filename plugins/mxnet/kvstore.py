@@ -70,11 +70,13 @@ def _pairs(key: Any, value: Any, what: str) -> List[Tuple[Key, List[NDArray]]]:
     for a in arrays:
         if not isinstance(a, mx.nd.NDArray):
             raise FastPSError(
-                f"kvstore.{what}: key {key!r}: expected NDArrays, got {type(a).__name__}")
+                f"kvstore.{what}: key {key!r}: expected NDArrays, got {type(a).__name__}"
+            )
         if a.stype != "default":
             raise FastPSError(
                 f"kvstore.{what}: key {key!r}: {a.stype} arrays are not supported by the "
-                "fastps KVStore; use dense arrays")
+                "fastps KVStore; use dense arrays"
+            )
     return [(key, arrays)]
 
 
@@ -135,8 +137,9 @@ class FastPS(KVStoreBase):
         for key in list(self._pending):
             self._finish(key)
 
-    def _like(self, table: Dict[Key, NDArray], key: Key, ref: NDArray,
-              dtype: Any = None) -> NDArray:
+    def _like(
+        self, table: Dict[Key, NDArray], key: Key, ref: NDArray, dtype: Any = None
+    ) -> NDArray:
         """A host buffer for ``key`` shaped like ``ref`` (created once, then reused)."""
         dtype = ref.dtype if dtype is None else dtype
         buf = table.get(key)
@@ -150,8 +153,9 @@ class FastPS(KVStoreBase):
             raise FastPSError(f"kvstore.{what}: key {key!r} was not initialized (call init first)")
         return self._store[key]
 
-    def _start_push(self, key: Key, arrays: List[NDArray], priority: int,
-                    snapshot: bool = True) -> None:
+    def _start_push(
+        self, key: Key, arrays: List[NDArray], priority: int, snapshot: bool = True
+    ) -> None:
         """Starts summing ``arrays`` over devices and workers; finished by ``_finish(key)``.
 
         ``snapshot=False`` lets the core read a lone host array in place (the caller
@@ -161,8 +165,11 @@ class FastPS(KVStoreBase):
         self._finish(key)
         if self._updater_fn is not None:
             self._stored(key, "push")
-        direct = (not snapshot and len(arrays) == 1
-                  and arrays[0].context.device_type in ("cpu", "cpu_pinned", "cpu_shared"))
+        direct = (
+            not snapshot
+            and len(arrays) == 1
+            and arrays[0].context.device_type in ("cpu", "cpu_pinned", "cpu_shared")
+        )
         if direct:
             send = arrays[0]
         else:
@@ -172,8 +179,11 @@ class FastPS(KVStoreBase):
         stored = self._store.get(key)
         if self._updater_fn is None and ctx is None:
             # No optimizer: the sum itself is what the store keeps.
-            target = self._like(self._store, key, sent) if stored is None \
-                or stored.shape != sent.shape or stored.dtype != sent.dtype else stored
+            target = (
+                self._like(self._store, key, sent)
+                if stored is None or stored.shape != sent.shape or stored.dtype != sent.dtype
+                else stored
+            )
         else:
             target = self._like(self._recv, key, sent)
         handle = _start(sent, target, self._name(key), priority, 1.0)
@@ -209,8 +219,9 @@ class FastPS(KVStoreBase):
         for k, arrays in _pairs(key, value, "push"):
             self._start_push(k, arrays, priority)
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0,
-             ignore_sparse: bool = True) -> None:
+    def pull(
+        self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True
+    ) -> None:
         """Copies the stored value of ``key`` into ``out`` (an NDArray or a list)."""
         if out is None:
             raise FastPSError("kvstore.pull: out is required")
@@ -240,8 +251,9 @@ class FastPS(KVStoreBase):
         self.init(key, value)
         self.pull(key, out, priority)
 
-    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0,
-                        row_ids: Any = None) -> None:
+    def row_sparse_pull(
+        self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
+    ) -> None:
         raise FastPSError("the fastps KVStore does not support row_sparse arrays")
 
     # ----------------------------------------------------- optimizer on the store
@@ -281,8 +293,8 @@ class FastPS(KVStoreBase):
             self._compression = Compression.none
         else:
             raise FastPSError(
-                f"the fastps KVStore supports gradient compression 'fp16' and 'none', not "
-                f"{kind!r}")
+                f"the fastps KVStore supports gradient compression 'fp16' and 'none', not {kind!r}"
+            )
 
     # --------------------------------------------------------------- misc
     def barrier(self) -> None:

@@ -117,8 +117,9 @@ def _wait_to_write(arr: NDArray) -> None:
 class MXHandle:
     """A running collective on NDArrays; :meth:`synchronize` waits and returns the output."""
 
-    def __init__(self, handle: _api.Handle, out: NDArray,
-                 finish: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self, handle: _api.Handle, out: NDArray, finish: Optional[Callable[[], None]] = None
+    ) -> None:
         self._handle = handle
         self._out = out
         self._finish = finish
@@ -141,8 +142,15 @@ class MXHandle:
     wait = synchronize
 
 
-def _start(tensor: NDArray, out: NDArray, name: str, priority: int, scale: float,
-           zero_input: bool = False, out_wait: str = "write") -> MXHandle:
+def _start(
+    tensor: NDArray,
+    out: NDArray,
+    name: str,
+    priority: int,
+    scale: float,
+    zero_input: bool = False,
+    out_wait: str = "write",
+) -> MXHandle:
     """Starts sum-times-``scale`` of ``tensor`` over all workers into ``out``.
 
     ``zero_input`` contributes zeros instead of ``tensor`` (broadcast from another rank).
@@ -187,8 +195,9 @@ def _start(tensor: NDArray, out: NDArray, name: str, priority: int, scale: float
         _wait_to_write(dst)
     elif out_wait == "read":
         _wait_to_read(dst)
-    handle = _api.push_pull_raw(src_m.raw(), dst_m.raw(), name, priority, scale, out=out,
-                                keep=(src, dst))
+    handle = _api.push_pull_raw(
+        src_m.raw(), dst_m.raw(), name, priority, scale, out=out, keep=(src, dst)
+    )
     return MXHandle(handle, out, finish)
 
 
@@ -199,43 +208,72 @@ def _scale(average: bool, prescale_factor: float, postscale_factor: float) -> fl
     return factor
 
 
-def push_pull_async(tensor: NDArray, average: bool = True, name: Optional[str] = None,
-                    priority: int = 0, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> MXHandle:
+def push_pull_async(
+    tensor: NDArray,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> MXHandle:
     """Starts averaging (or summing) ``tensor`` over all workers into a new NDArray."""
     name = name or _api.auto_name("allreduce")
     _check(tensor, f"tensor '{name}'")
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    return _start(tensor, out, name, priority, _scale(average, prescale_factor, postscale_factor),
-                  out_wait="none")
+    return _start(
+        tensor,
+        out,
+        name,
+        priority,
+        _scale(average, prescale_factor, postscale_factor),
+        out_wait="none",
+    )
 
 
-def push_pull_async_(tensor: NDArray, average: bool = True, name: Optional[str] = None,
-                     priority: int = 0, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0) -> MXHandle:
+def push_pull_async_(
+    tensor: NDArray,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> MXHandle:
     """Starts averaging (or summing) ``tensor`` over all workers in place."""
     name = name or _api.auto_name("allreduce")
-    return _start(tensor, tensor, name, priority,
-                  _scale(average, prescale_factor, postscale_factor))
+    return _start(
+        tensor, tensor, name, priority, _scale(average, prescale_factor, postscale_factor)
+    )
 
 
-def push_pull(tensor: NDArray, average: bool = True, name: Optional[str] = None,
-              priority: int = 0, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> NDArray:
+def push_pull(
+    tensor: NDArray,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> NDArray:
     """The average (or sum) of ``tensor`` over all workers, as a new NDArray.
 
     Integer averages are truncated toward zero; bool tensors are OR-ed.
     """
-    return push_pull_async(tensor, average, name, priority, prescale_factor,
-                           postscale_factor).synchronize()
+    return push_pull_async(
+        tensor, average, name, priority, prescale_factor, postscale_factor
+    ).synchronize()
 
 
-def push_pull_(tensor: NDArray, average: bool = True, name: Optional[str] = None,
-               priority: int = 0, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0) -> NDArray:
+def push_pull_(
+    tensor: NDArray,
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> NDArray:
     """Averages (or sums) ``tensor`` over all workers in place and returns it."""
-    return push_pull_async_(tensor, average, name, priority, prescale_factor,
-                            postscale_factor).synchronize()
+    return push_pull_async_(
+        tensor, average, name, priority, prescale_factor, postscale_factor
+    ).synchronize()
 
 
 # Horovod's names for the same operations.
@@ -245,31 +283,37 @@ allreduce_async = push_pull_async
 allreduce_async_ = push_pull_async_
 
 
-def grouped_allreduce(tensors: Sequence[NDArray], average: bool = True,
-                      name: Optional[str] = None, priority: int = 0,
-                      prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> List[NDArray]:
+def grouped_allreduce(
+    tensors: Sequence[NDArray],
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> List[NDArray]:
     """Allreduces several tensors at once (all in flight together); new NDArrays."""
     base = name or _api.auto_name("grouped_allreduce")
     with _api.submission_batch():
         handles = [
-            push_pull_async(t, average, f"{base}.{i}", priority, prescale_factor,
-                            postscale_factor)
+            push_pull_async(t, average, f"{base}.{i}", priority, prescale_factor, postscale_factor)
             for i, t in enumerate(tensors)
         ]
     return [h.synchronize() for h in handles]
 
 
-def grouped_allreduce_(tensors: Sequence[NDArray], average: bool = True,
-                       name: Optional[str] = None, priority: int = 0,
-                       prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> List[NDArray]:
+def grouped_allreduce_(
+    tensors: Sequence[NDArray],
+    average: bool = True,
+    name: Optional[str] = None,
+    priority: int = 0,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> List[NDArray]:
     """In-place :func:`grouped_allreduce`."""
     base = name or _api.auto_name("grouped_allreduce")
     with _api.submission_batch():
         handles = [
-            push_pull_async_(t, average, f"{base}.{i}", priority, prescale_factor,
-                            postscale_factor)
+            push_pull_async_(t, average, f"{base}.{i}", priority, prescale_factor, postscale_factor)
             for i, t in enumerate(tensors)
         ]
     return [h.synchronize() for h in handles]
@@ -281,33 +325,38 @@ def _check_root(root_rank: int) -> None:
         raise FastPSError(f"broadcast root_rank {root_rank} is not a rank of this job (size {n})")
 
 
-def broadcast_async(tensor: NDArray, root_rank: int, name: Optional[str] = None,
-                    priority: int = 0) -> MXHandle:
+def broadcast_async(
+    tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0
+) -> MXHandle:
     """Starts copying ``root_rank``'s ``tensor`` to every worker, into a new NDArray."""
     _check_root(root_rank)
     name = name or _api.auto_name("broadcast")
     _check(tensor, f"tensor '{name}'")
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    return _start(tensor, out, name, priority, 1.0, zero_input=_api.rank() != root_rank,
-                  out_wait="none")
+    return _start(
+        tensor, out, name, priority, 1.0, zero_input=_api.rank() != root_rank, out_wait="none"
+    )
 
 
-def broadcast_async_(tensor: NDArray, root_rank: int, name: Optional[str] = None,
-                     priority: int = 0) -> MXHandle:
+def broadcast_async_(
+    tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0
+) -> MXHandle:
     """Starts overwriting ``tensor`` with ``root_rank``'s value, in place."""
     _check_root(root_rank)
     name = name or _api.auto_name("broadcast")
     return _start(tensor, tensor, name, priority, 1.0, zero_input=_api.rank() != root_rank)
 
 
-def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None,
-              priority: int = 0) -> NDArray:
+def broadcast(
+    tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0
+) -> NDArray:
     """``root_rank``'s ``tensor`` on every worker, as a new NDArray."""
     return broadcast_async(tensor, root_rank, name, priority).synchronize()
 
 
-def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None,
-               priority: int = 0) -> NDArray:
+def broadcast_(
+    tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0
+) -> NDArray:
     """Overwrites ``tensor`` with ``root_rank``'s value on every worker and returns it."""
     return broadcast_async_(tensor, root_rank, name, priority).synchronize()
 
@@ -322,8 +371,9 @@ def poll(handle: MXHandle) -> bool:
     return handle.poll()
 
 
-def check_same_everywhere(entries: Sequence[str], labels: Sequence[str], what: str,
-                          name: str) -> None:
+def check_same_everywhere(
+    entries: Sequence[str], labels: Sequence[str], what: str, name: str
+) -> None:
     """Raises the same FastPSError on every worker unless all hold equal ``entries``.
 
     ``entries`` describe what must match (e.g. ``float32[16, 10]`` per parameter);
@@ -352,8 +402,9 @@ def check_same_everywhere(entries: Sequence[str], labels: Sequence[str], what: s
         theirs = [e for e, _ in lists[q]]
         if theirs == ref:
             continue
-        parts = [f"{what} differ between workers: rank 0 has {len(ref)}, rank {q} has "
-                 f"{len(theirs)}"]
+        parts = [
+            f"{what} differ between workers: rank 0 has {len(ref)}, rank {q} has {len(theirs)}"
+        ]
         for i in range(max(len(ref), len(theirs))):
             a = " ".join(reversed(lists[0][i])).strip() if i < len(ref) else "nothing"
             b = " ".join(reversed(lists[q][i])).strip() if i < len(theirs) else "nothing"

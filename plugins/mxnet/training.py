@@ -33,6 +33,7 @@ def _default_prefix(base: str, counter: itertools.count[int]) -> str:
     n = next(counter)
     return f"{base}." if n == 0 else f"{base}{n}."
 
+
 if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
     from typing_extensions import TypeAlias
 
@@ -62,8 +63,11 @@ def _broadcast_after_deferred_init(param: Parameter, root_rank: int, name: str) 
     param._init_impl = init_then_broadcast
 
 
-def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
-                         root_rank: int = 0, prefix: Optional[str] = None) -> None:
+def broadcast_parameters(
+    params: Union[Mapping[str, Any], Sequence[Parameter]],
+    root_rank: int = 0,
+    prefix: Optional[str] = None,
+) -> None:
     """Overwrites every parameter with ``root_rank``'s value, in place.
 
     ``params``: a dict of name to NDArray (``Module.get_params()``), a Gluon ParameterDict
@@ -74,8 +78,10 @@ def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
     if isinstance(params, (dict, mx.gluon.ParameterDict)) or hasattr(params, "items"):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, (list, tuple)):
-        items = [(p.name if isinstance(p, mx.gluon.Parameter) else str(i), p)
-                 for i, p in enumerate(params)]
+        items = [
+            (p.name if isinstance(p, mx.gluon.Parameter) else str(i), p)
+            for i, p in enumerate(params)
+        ]
     else:
         raise FastPSError(
             "broadcast_parameters: params must be a dict, a ParameterDict or a list of "
@@ -89,9 +95,12 @@ def broadcast_parameters(params: Union[Mapping[str, Any], Sequence[Parameter]],
             signature.append(f"{key} {np.dtype(value.dtype).name}{list(value.shape or ())}")
         else:
             signature.append(f"{key} {type(value).__name__}")
-    check_same_everywhere(signature, [""] * len(signature),
-                          "broadcast_parameters: the parameters",
-                          _api.auto_name(f"{prefix}check"))
+    check_same_everywhere(
+        signature,
+        [""] * len(signature),
+        "broadcast_parameters: the parameters",
+        _api.auto_name(f"{prefix}check"),
+    )
     handles: List[MXHandle] = []
     for key, value in items:
         name = f"{prefix}{key}"
@@ -125,9 +134,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     _OWN = ("_fastps_opt", "_fastps_predivide", "_fastps_prefix")
 
-    def __init__(self, optimizer: mx.optimizer.Optimizer,
-                 gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
-                 num_groups: int = 0) -> None:
+    def __init__(
+        self,
+        optimizer: mx.optimizer.Optimizer,
+        gradient_predivide_factor: float = 1.0,
+        prefix: Optional[str] = None,
+        num_groups: int = 0,
+    ) -> None:
         # num_groups (Horovod's fusion groups) is accepted and unused, as in the trainer.
         # The base constructor is not called: its attributes live in the wrapped optimizer.
         if not isinstance(optimizer, mx.optimizer.Optimizer):
@@ -166,9 +179,15 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             if f != 1.0:
                 g *= 1.0 / f
             priority = -idx if isinstance(idx, int) else 0
-            handles.append(push_pull_async_(
-                g, average=True, name=f"{self._fastps_prefix}{idx}",
-                priority=priority, postscale_factor=f))
+            handles.append(
+                push_pull_async_(
+                    g,
+                    average=True,
+                    name=f"{self._fastps_prefix}{idx}",
+                    priority=priority,
+                    postscale_factor=f,
+                )
+            )
         for h in handles:
             h.synchronize()
 
@@ -241,24 +260,38 @@ class DistributedTrainer(mx.gluon.Trainer):
     overlap communication, nor does the next forward pass.
     """
 
-    def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[dict] = None,
-                 compression: type[Compressor] = Compression.none,
-                 gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
-                 num_groups: int = 0) -> None:
+    def __init__(
+        self,
+        params: Any,
+        optimizer: Any,
+        optimizer_params: Optional[dict] = None,
+        compression: type[Compressor] = Compression.none,
+        gradient_predivide_factor: float = 1.0,
+        prefix: Optional[str] = None,
+        num_groups: int = 0,
+    ) -> None:
         # num_groups (Horovod's fusion groups) is accepted and unused: every gradient is in
         # flight at once anyway, and the core cuts and schedules the parts.
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn(
                 "DistributedTrainer averages gradients itself: the DistributedOptimizer "
-                "wrapper is removed", stacklevel=2)
+                "wrapper is removed",
+                stacklevel=2,
+            )
             optimizer = optimizer.optimizer
         order = _creation_order(params)
-        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None,
-                         update_on_kvstore=False)
+        super().__init__(
+            params,
+            optimizer,
+            optimizer_params=optimizer_params,
+            kvstore=None,
+            update_on_kvstore=False,
+        )
         self._fastps_compression = compression
         self._fastps_predivide = float(gradient_predivide_factor)
-        self._fastps_prefix = (_default_prefix("DistributedTrainer", _trainers)
-                               if prefix is None else prefix)
+        self._fastps_prefix = (
+            _default_prefix("DistributedTrainer", _trainers) if prefix is None else prefix
+        )
         # Priority of each parameter index: forward (creation) order, first = largest.
         n = len(self._params)
         self._fastps_priority = [
@@ -272,9 +305,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         """Once: every worker must reduce the same gradients (count, shapes, dtypes)."""
         live = [p for p in self._params if p.grad_req != "null"]
         grads = [p.list_grad()[0] for p in live]
-        check_same_everywhere([f"{dtype_name(g)}{list(g.shape)}" for g in grads],
-                              [p.name for p in live], "DistributedTrainer: the gradients",
-                              _api.auto_name(f"{self._fastps_prefix}check"))
+        check_same_everywhere(
+            [f"{dtype_name(g)}{list(g.shape)}" for g in grads],
+            [p.name for p in live],
+            "DistributedTrainer: the gradients",
+            _api.auto_name(f"{self._fastps_prefix}check"),
+        )
         self._fastps_checked = True
 
     def _allreduce_grads(self) -> None:
@@ -306,8 +342,14 @@ class DistributedTrainer(mx.gluon.Trainer):
             # enough, and costs no engine round trip once the write has landed.
             fresh = sent is not grad or param.list_data()[0]._fresh_grad
             try:
-                handle = _start(sent, sent, name, self._fastps_priority[i],
-                                f / _api.size(), out_wait="read" if fresh else "write")
+                handle = _start(
+                    sent,
+                    sent,
+                    name,
+                    self._fastps_priority[i],
+                    f / _api.size(),
+                    out_wait="read" if fresh else "write",
+                )
             except FastPSError as exc:
                 raise FastPSError(f"parameter '{param.name}': {exc}") from None
             pending.append((i, handle, sent, ctx, grad))

@@ -81,8 +81,9 @@ def init(comm: Optional[object] = None) -> None:
     ``comm`` is accepted for Horovod compatibility and must be None.
     """
     if comm is not None:
-        raise FastPSError("fastps.tensorflow.init() takes no communicator; fastpsrun sets up "
-                          "the job")
+        raise FastPSError(
+            "fastps.tensorflow.init() takes no communicator; fastpsrun sets up the job"
+        )
     _fastps.init()
 
 

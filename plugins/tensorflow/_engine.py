@@ -95,8 +95,9 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     if arr.dtype.name not in SUPPORTED_DTYPES:
-        raise FastPSError(f"{what}: dtype {arr.dtype.name} is not supported "
-                          f"(supported: {SUPPORTED_DTYPES})")
+        raise FastPSError(
+            f"{what}: dtype {arr.dtype.name} is not supported (supported: {SUPPORTED_DTYPES})"
+        )
     return arr
 
 
@@ -134,8 +135,14 @@ def _take(hid: int) -> Any:
     return handle
 
 
-def start_numpy(arr: np.ndarray, name: str, *, priority: int = 0, scale: float = 1.0,
-                root_rank: Optional[int] = None) -> int:
+def start_numpy(
+    arr: np.ndarray,
+    name: str,
+    *,
+    priority: int = 0,
+    scale: float = 1.0,
+    root_rank: Optional[int] = None,
+) -> int:
     """Starts a push_pull (``root_rank is None``) or a broadcast of ``arr``; returns its id.
 
     A push_pull sums ``arr`` over all workers and multiplies the sum by ``scale``.
@@ -145,8 +152,9 @@ def start_numpy(arr: np.ndarray, name: str, *, priority: int = 0, scale: float =
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     if root_rank is not None and not 0 <= root_rank < st.cfg.num_workers:
-        raise FastPSError(f"broadcast root_rank {root_rank} is not a rank of this job "
-                          f"(size {st.cfg.num_workers})")
+        raise FastPSError(
+            f"broadcast root_rank {root_rank} is not a rank of this job (size {st.cfg.num_workers})"
+        )
     if arr.size == 0:
         return _register(_Finished(np.empty(arr.shape, arr.dtype)))
     if root_rank is not None:
@@ -172,66 +180,91 @@ def poll_numpy(hid: int) -> bool:
     return bool(handle.poll())
 
 
-def push_pull_numpy(arr: np.ndarray, name: str, scale: float = 1.0,
-                    priority: int = 0) -> np.ndarray:
+def push_pull_numpy(
+    arr: np.ndarray, name: str, scale: float = 1.0, priority: int = 0
+) -> np.ndarray:
     return finish_numpy(start_numpy(arr, name, priority=priority, scale=scale))
 
 
 # ------------------------------------------------------------------ graph ops
-def start_op(tensor: tf.Tensor, name: str, *, priority: int = 0, scale: float = 1.0,
-             root_rank: Optional[int] = None) -> tf.Tensor:
+def start_op(
+    tensor: tf.Tensor,
+    name: str,
+    *,
+    priority: int = 0,
+    scale: float = 1.0,
+    root_rank: Optional[int] = None,
+) -> tf.Tensor:
     """Graph op that starts the operation when ``tensor`` is ready; outputs its int64 id."""
 
     def start(arr: np.ndarray) -> np.ndarray:
-        return np.array(start_numpy(arr, name, priority=priority, scale=scale,
-                                    root_rank=root_rank), dtype=np.int64)
+        return np.array(
+            start_numpy(arr, name, priority=priority, scale=scale, root_rank=root_rank),
+            dtype=np.int64,
+        )
 
-    hid = tf.numpy_function(start, [tensor], tf.int64, stateful=True,
-                            name=_op_name("FastPSStart", name))
+    hid = tf.numpy_function(
+        start, [tensor], tf.int64, stateful=True, name=_op_name("FastPSStart", name)
+    )
     hid.set_shape([])
     return hid
 
 
 def finish_op(hid: tf.Tensor, dtype: tf.DType, shape: tf.TensorShape, name: str) -> tf.Tensor:
     """Graph op that waits for the operation ``hid`` and outputs its result."""
-    out = tf.numpy_function(finish_numpy, [hid], dtype, stateful=True,
-                            name=_op_name("FastPSFinish", name))
+    out = tf.numpy_function(
+        finish_numpy, [hid], dtype, stateful=True, name=_op_name("FastPSFinish", name)
+    )
     out.set_shape(shape)
     return out
 
 
-def start_group_op(tensors: Sequence[tf.Tensor], names: Sequence[str],
-                   priorities: Sequence[int], scale: float) -> tf.Tensor:
+def start_group_op(
+    tensors: Sequence[tf.Tensor], names: Sequence[str], priorities: Sequence[int], scale: float
+) -> tf.Tensor:
     """One graph op that starts a push_pull per tensor once all are ready; outputs the ids
     (an int64 vector). Fewer Python calls per step than one start op per tensor."""
     names, priorities = list(names), list(priorities)
 
     def start(*arrs: np.ndarray) -> np.ndarray:
-        return np.array([start_numpy(a, n, priority=p, scale=scale)
-                         for a, n, p in zip(arrs, names, priorities)], dtype=np.int64)
+        return np.array(
+            [
+                start_numpy(a, n, priority=p, scale=scale)
+                for a, n, p in zip(arrs, names, priorities)
+            ],
+            dtype=np.int64,
+        )
 
-    ids = tf.numpy_function(start, list(tensors), tf.int64, stateful=True,
-                            name=_op_name("FastPSStartGroup", names[0]))
+    ids = tf.numpy_function(
+        start, list(tensors), tf.int64, stateful=True, name=_op_name("FastPSStartGroup", names[0])
+    )
     ids.set_shape([len(names)])
     return ids
 
 
-def finish_group_op(ids: tf.Tensor, dtypes: Sequence[tf.DType],
-                    shapes: Sequence[tf.TensorShape], name: str) -> List[tf.Tensor]:
+def finish_group_op(
+    ids: tf.Tensor, dtypes: Sequence[tf.DType], shapes: Sequence[tf.TensorShape], name: str
+) -> List[tf.Tensor]:
     """One graph op that waits for every operation in ``ids``; outputs their results."""
 
     def finish(hids: np.ndarray) -> List[np.ndarray]:
         return [finish_numpy(int(h)) for h in hids]
 
-    outs = tf.numpy_function(finish, [ids], list(dtypes), stateful=True,
-                             name=_op_name("FastPSFinishGroup", name))
+    outs = tf.numpy_function(
+        finish, [ids], list(dtypes), stateful=True, name=_op_name("FastPSFinishGroup", name)
+    )
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return list(outs)
 
 
-def call_op(fn: Callable[..., np.ndarray], inputs: Sequence[tf.Tensor], dtype: tf.DType,
-            shape: Any, name: str) -> tf.Tensor:
+def call_op(
+    fn: Callable[..., np.ndarray],
+    inputs: Sequence[tf.Tensor],
+    dtype: tf.DType,
+    shape: Any,
+    name: str,
+) -> tf.Tensor:
     """Graph op that runs a blocking numpy-level collective ``fn(*inputs)``."""
     out = tf.numpy_function(fn, list(inputs), dtype, stateful=True, name=_op_name("FastPS", name))
     out.set_shape(shape)
@@ -265,13 +298,12 @@ def allgather_numpy(arr: np.ndarray, name: str) -> np.ndarray:
     bad = [r for r in range(n) if not np.array_equal(rest[r], rest[me])]
     if bad:
         desc = ", ".join(f"rank {r}: {list(shapes[r])}" for r in range(n))
-        raise FastPSError(f"allgather '{name}': tensors differ beyond the first dimension "
-                          f"({desc})")
+        raise FastPSError(f"allgather '{name}': tensors differ beyond the first dimension ({desc})")
     counts = shapes[:, 0]
     total = int(counts.sum())
     start = int(counts[:me].sum())
     buf = np.zeros((total, *arr.shape[1:]), dtype=arr.dtype)
-    buf[start:start + arr.shape[0]] = arr
+    buf[start : start + arr.shape[0]] = arr
     return push_pull_numpy(buf, f"{name}.data.{total}")
 
 
@@ -286,7 +318,7 @@ def allgather_bytes(data: bytes, name: str) -> List[bytes]:
     lengths = push_pull_numpy(lengths, f"{name}.lengths")
     joined = allgather_numpy(np.frombuffer(data, dtype=np.uint8).copy(), name)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    return [joined[bounds[r]:bounds[r + 1]].tobytes() for r in range(n)]
+    return [joined[bounds[r] : bounds[r + 1]].tobytes() for r in range(n)]
 
 
 def broadcast_bytes(data: Optional[bytes], root_rank: int, name: str) -> bytes:
@@ -387,8 +419,7 @@ def check_same_everywhere(kind: str, group: Group, what: str, cache: bool = True
             with _checked_lock:
                 _checked[key] = None
         return
-    texts = allgather_bytes(pickle.dumps((group.keys, group.labels)),
-                            f"fastps.check.{kind}.items")
+    texts = allgather_bytes(pickle.dumps((group.keys, group.labels)), f"fastps.check.{kind}.items")
     raise FastPSError(describe_difference(what, [Group(*pickle.loads(t)) for t in texts]))
 
 
@@ -424,5 +455,4 @@ def check_op(kind: str, group: Group, what: str) -> Optional[tf.Tensor]:
         check_same_everywhere(kind, group, what)
         return np.array(True)
 
-    return tf.numpy_function(check, [], tf.bool, stateful=True,
-                             name=_op_name("FastPSCheck", kind))
+    return tf.numpy_function(check, [], tf.bool, stateful=True, name=_op_name("FastPSCheck", kind))

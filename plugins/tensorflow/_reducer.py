@@ -46,10 +46,16 @@ from .compression import Compression, Compressor
 
 
 class GradientReducer:
-    def __init__(self, kind: str, compression: Type[Compressor] = Compression.none,
-                 op: int = O.Average, sparse_as_dense: bool = False,
-                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                 num_groups: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        compression: Type[Compressor] = Compression.none,
+        op: int = O.Average,
+        sparse_as_dense: bool = False,
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+        num_groups: int = 0,
+    ) -> None:
         if num_groups < 0:
             raise ValueError("num_groups must be 0 (one operation per gradient) or positive")
         self.kind = kind
@@ -61,8 +67,12 @@ class GradientReducer:
         self.postscale_factor = postscale_factor
 
     @E.no_autograph
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any],
-               forward_order: Optional[Sequence[int]] = None) -> List[Any]:
+    def reduce(
+        self,
+        grads: Sequence[Any],
+        variables: Sequence[Any],
+        forward_order: Optional[Sequence[int]] = None,
+    ) -> List[Any]:
         """Returns the reduced ``grads`` (None stays None).
 
         ``forward_order[i]`` is the position of ``variables[i]`` in the forward pass
@@ -82,8 +92,7 @@ class GradientReducer:
                 return grads
             return [g if g is None else g * tf.cast(factor, g.dtype) for g in grads]
 
-        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live],
-                           live)
+        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
         names = {i: f"{self.kind}.{group.digest}.{i}" for i in live}
         what = f"the gradients reduced by {self.kind}"
         priority = {i: n - int(forward_order[i]) for i in live}
@@ -105,7 +114,8 @@ class GradientReducer:
                 if not self.sparse_as_dense:
                     # Gathered, not summed; blocking, but sparse gradients are rare.
                     out[i] = O._push_pull_sparse(
-                        g, self.op, names[i], self.prescale_factor * self.postscale_factor)
+                        g, self.op, names[i], self.prescale_factor * self.postscale_factor
+                    )
                     continue
             g = tf.convert_to_tensor(g)
             E.check_dtype(g.dtype, f"gradient '{names[i]}'")
@@ -113,9 +123,16 @@ class GradientReducer:
             ready.append((i, compressed, ctx))
 
         if eager or not self.num_groups:
-            handles = {i: O.start(c, names[i], priority=priority[i], scale=scale,
-                                  post=_decompressor(self.compression, ctx))
-                       for i, c, ctx in ready}
+            handles = {
+                i: O.start(
+                    c,
+                    names[i],
+                    priority=priority[i],
+                    scale=scale,
+                    post=_decompressor(self.compression, ctx),
+                )
+                for i, c, ctx in ready
+            }
             for i in sorted(handles, key=lambda i: forward_order[i]):
                 out[i] = handles[i].synchronize()
             return out
@@ -128,13 +145,21 @@ class GradientReducer:
         per_group = -(-len(ready) // self.num_groups)  # ceiling
         started = []
         for k in range(0, len(ready), per_group):
-            members = ready[k:k + per_group]
-            ids = E.start_group_op([c for _, c, _ in members], [names[i] for i, _, _ in members],
-                                   [priority[i] for i, _, _ in members], scale)
+            members = ready[k : k + per_group]
+            ids = E.start_group_op(
+                [c for _, c, _ in members],
+                [names[i] for i, _, _ in members],
+                [priority[i] for i, _, _ in members],
+                scale,
+            )
             started.append((members, ids))
         for members, ids in reversed(started):  # the group holding the first layers first
-            results = E.finish_group_op(ids, [c.dtype for _, c, _ in members],
-                                        [c.shape for _, c, _ in members], names[members[0][0]])
+            results = E.finish_group_op(
+                ids,
+                [c.dtype for _, c, _ in members],
+                [c.shape for _, c, _ in members],
+                names[members[0][0]],
+            )
             for (i, _, ctx), r in zip(members, results):
                 out[i] = self.compression.decompress(r, ctx)
         return out

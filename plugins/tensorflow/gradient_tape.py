@@ -51,17 +51,26 @@ class DistributedGradientTape:
         num_groups: int = 0,
     ) -> None:
         del device_dense, device_sparse  # accepted for Horovod compatibility; CPU path only
-        self._inner = gradtape if gradtape is not None else tf.GradientTape(
-            persistent=persistent, watch_accessed_variables=watch_accessed_variables)
+        self._inner = (
+            gradtape
+            if gradtape is not None
+            else tf.GradientTape(
+                persistent=persistent, watch_accessed_variables=watch_accessed_variables
+            )
+        )
         op = O._resolve_op(op, None)
         if gradient_predivide_factor != 1.0 and op != O.Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         # Average = (sum of g / f) * f / size: the same result, with a smaller sum.
         self._reducer = GradientReducer(
-            "DistributedGradientTape", compression=compression, op=op,
+            "DistributedGradientTape",
+            compression=compression,
+            op=op,
             sparse_as_dense=sparse_as_dense,
             prescale_factor=1.0 / gradient_predivide_factor,
-            postscale_factor=gradient_predivide_factor, num_groups=num_groups)
+            postscale_factor=gradient_predivide_factor,
+            num_groups=num_groups,
+        )
 
     # The recording side is the wrapped tape's.
     def __enter__(self) -> DistributedGradientTape:
@@ -95,12 +104,20 @@ class DistributedGradientTape:
         return order
 
     @E.no_autograph
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
-        grads = self._inner.gradient(target, sources, output_gradients=output_gradients,
-                                     unconnected_gradients=unconnected_gradients)
+    def gradient(
+        self,
+        target: Any,
+        sources: Any,
+        output_gradients: Any = None,
+        unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
+    ) -> Any:
+        grads = self._inner.gradient(
+            target,
+            sources,
+            output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients,
+        )
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        reduced = self._reducer.reduce(flat_grads, flat_sources,
-                                       self._forward_order(flat_sources))
+        reduced = self._reducer.reduce(flat_grads, flat_sources, self._forward_order(flat_sources))
         return tf.nest.pack_sequence_as(grads, reduced)

@@ -87,8 +87,14 @@ class Handle:
     and synchronize adds the op that waits for it.
     """
 
-    def __init__(self, op_id: Any, dtype: tf.DType, shape: tf.TensorShape, name: str,
-                 post: Callable[[tf.Tensor], tf.Tensor]) -> None:
+    def __init__(
+        self,
+        op_id: Any,
+        dtype: tf.DType,
+        shape: tf.TensorShape,
+        name: str,
+        post: Callable[[tf.Tensor], tf.Tensor],
+    ) -> None:
         self.op_id = op_id
         self.dtype = dtype
         self.shape = shape
@@ -130,9 +136,15 @@ def poll(handle: Handle) -> Any:
 
 
 @E.no_autograph
-def start(tensor: tf.Tensor, name: str, *, priority: int = 0, scale: float = 1.0,
-          root_rank: Optional[int] = None,
-          post: Callable[[tf.Tensor], tf.Tensor] = lambda t: t) -> Handle:
+def start(
+    tensor: tf.Tensor,
+    name: str,
+    *,
+    priority: int = 0,
+    scale: float = 1.0,
+    root_rank: Optional[int] = None,
+    post: Callable[[tf.Tensor], tf.Tensor] = lambda t: t,
+) -> Handle:
     """Starts a push_pull or broadcast of an already compressed tensor (internal)."""
     E.check_dtype(tensor.dtype, f"tensor '{name}'")
     if E.executing_eagerly():
@@ -161,9 +173,13 @@ def push_pull_async(
     value = _as_tensor(tensor)
     E.check_dtype(value.dtype, f"tensor '{name}'")
     compressed, ctx = compression.compress(value)
-    return start(compressed, name, priority=priority,
-                 scale=_scale(op, prescale_factor, postscale_factor),
-                 post=lambda t: compression.decompress(t, ctx))
+    return start(
+        compressed,
+        name,
+        priority=priority,
+        scale=_scale(op, prescale_factor, postscale_factor),
+        post=lambda t: compression.decompress(t, ctx),
+    )
 
 
 allreduce_async = push_pull_async
@@ -198,8 +214,13 @@ def push_pull(
 
     def run(x: tf.Tensor, tag: str) -> tf.Tensor:
         compressed, ctx = compression.compress(x)
-        return start(compressed, tag, priority=priority, scale=scale,
-                     post=lambda t: compression.decompress(t, ctx)).synchronize()
+        return start(
+            compressed,
+            tag,
+            priority=priority,
+            scale=scale,
+            post=lambda t: compression.decompress(t, ctx),
+        ).synchronize()
 
     if not value.dtype.is_floating:
         return run(value, name)
@@ -256,7 +277,7 @@ def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
             rows = tf.shape(x)[:1] if x.shape.rank else tf.constant([1])
             counts = run(tf.cast(rows, tf.int64), f"{name}.grad.rows")
             offset = tf.reduce_sum(counts[: _api.rank()])
-            mine = total[offset:offset + tf.cast(rows[0], tf.int64)]
+            mine = total[offset : offset + tf.cast(rows[0], tf.int64)]
             return tf.reshape(mine, tf.shape(x))
 
         return run(x, name), grad
@@ -299,8 +320,9 @@ def _variable_of(v: Any) -> Any:
 
 
 @E.no_autograph
-def broadcast_variables(variables: Sequence[Any], root_rank: int,
-                        name: Optional[str] = None) -> Optional[tf.Operation]:
+def broadcast_variables(
+    variables: Sequence[Any], root_rank: int, name: Optional[str] = None
+) -> Optional[tf.Operation]:
     """Sets every variable to its value on ``root_rank`` (tf.Variable or Keras variables).
 
     All workers must pass the same list (same order, shapes and dtypes); if they do not,
@@ -316,8 +338,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         E.check_dtype(tf.as_dtype(v.dtype), f"variable '{n}'")
     if E.executing_eagerly():
         E.check_same_everywhere(f"bcast.{prefix}", group, what, cache=False)
-        handles = [start(_as_tensor(v), n, root_rank=root_rank)
-                   for v, n in zip(variables, names)]
+        handles = [start(_as_tensor(v), n, root_rank=root_rank) for v, n in zip(variables, names)]
         for v, h in zip(variables, handles):
             _variable_of(v).assign(h.synchronize())
         return None
@@ -325,8 +346,10 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     check = E.check_op(f"bcast.{prefix}", group, what)
     deps = [check] if check is not None else []
     with tf.control_dependencies(deps):
-        handles = [start(tf.identity(_as_tensor(v)), n, root_rank=root_rank)
-                   for v, n in zip(variables, names)]
+        handles = [
+            start(tf.identity(_as_tensor(v)), n, root_rank=root_rank)
+            for v, n in zip(variables, names)
+        ]
     assigns = [_variable_of(v).assign(h.synchronize()) for v, h in zip(variables, handles)]
     return tf.group(*assigns)
 

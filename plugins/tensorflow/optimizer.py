@@ -38,12 +38,16 @@ def _distributed_class(base: Any) -> Any:
         reduced = self._fastps_reducer.reduce(grads, variables)
         return base.apply(self, reduced, trainable_variables)
 
-    cls = type(base.__name__, (base,), {
-        "apply": apply,
-        "__module__": base.__module__,
-        "__doc__": base.__doc__,
-        "_fastps_distributed": True,
-    })
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            "apply": apply,
+            "__module__": base.__module__,
+            "__doc__": base.__doc__,
+            "_fastps_distributed": True,
+        },
+    )
     _classes[base] = cls
     return cls
 
@@ -75,7 +79,8 @@ def DistributedOptimizer(
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"DistributedOptimizer wraps Keras 3 optimizers (keras.optimizers.Optimizer); got "
-            f"{type(optimizer).__name__}. For custom loops use DistributedGradientTape.")
+            f"{type(optimizer).__name__}. For custom loops use DistributedGradientTape."
+        )
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
     op = O._resolve_op(op, None)
@@ -87,10 +92,14 @@ def DistributedOptimizer(
         config["name"] = name
     new = cls.from_config(config)
     reducer = GradientReducer(
-        "DistributedOptimizer", compression=compression, op=op,
+        "DistributedOptimizer",
+        compression=compression,
+        op=op,
         sparse_as_dense=sparse_as_dense,
         prescale_factor=1.0 / gradient_predivide_factor,
-        postscale_factor=gradient_predivide_factor, num_groups=num_groups)
+        postscale_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+    )
     # Bypass attribute tracking: the reducer holds no TensorFlow state.
     object.__setattr__(new, "_fastps_reducer", reducer)
     return new

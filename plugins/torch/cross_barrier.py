@@ -53,8 +53,20 @@ ENV = "FASTPS_CROSS_BARRIER"
 
 # torch.optim classes whose step() updates each parameter from its own gradient and state
 # only (foreach/fused variants included: they apply the same per-tensor arithmetic).
-PER_PARAMETER = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam",
-                 "RMSprop", "Rprop", "ASGD", "Adafactor")
+PER_PARAMETER = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adagrad",
+    "Adadelta",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "ASGD",
+    "Adafactor",
+)
 
 
 def enabled(option: Optional[bool]) -> bool:
@@ -91,9 +103,11 @@ def coupling(optimizer_class: type) -> Optional[str]:
     step = inspect.unwrap(optimizer_class.step)
     if step in _PER_PARAMETER_STEPS:
         return None
-    return (f"{optimizer_class.__name__}.step() is not one that fastps knows to update each "
-            "parameter on its own (it may couple parameters: a closure, a global norm); "
-            f"known: torch.optim {', '.join(sorted(set(_PER_PARAMETER_STEPS.values())))}")
+    return (
+        f"{optimizer_class.__name__}.step() is not one that fastps knows to update each "
+        "parameter on its own (it may couple parameters: a closure, a global norm); "
+        f"known: torch.optim {', '.join(sorted(set(_PER_PARAMETER_STEPS.values())))}"
+    )
 
 
 def _frozen(group: Dict[str, Any]) -> Dict[str, Any]:
@@ -113,16 +127,24 @@ def _frozen(group: Dict[str, Any]) -> Dict[str, Any]:
 
 def _step_hooks(optimizer: Any) -> bool:
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
-    return bool(_global_optimizer_pre_hooks or _global_optimizer_post_hooks
-                or getattr(optimizer, "_optimizer_step_pre_hooks", None)
-                or getattr(optimizer, "_optimizer_step_post_hooks", None))
+
+    return bool(
+        _global_optimizer_pre_hooks
+        or _global_optimizer_post_hooks
+        or getattr(optimizer, "_optimizer_step_pre_hooks", None)
+        or getattr(optimizer, "_optimizer_step_post_hooks", None)
+    )
 
 
 class CrossBarrier:
     """The deferred updates of one DistributedOptimizer."""
 
-    def __init__(self, sync: _GradientSync, optimizer: Any,
-                 step_on: Callable[[Any, List[Dict[str, Any]]], None]) -> None:
+    def __init__(
+        self,
+        sync: _GradientSync,
+        optimizer: Any,
+        step_on: Callable[[Any, List[Dict[str, Any]]], None],
+    ) -> None:
         self._sync = sync
         self._optimizer = weakref.ref(optimizer)
         self._step_on = step_on  # runs the wrapped optimizer's step on temporary groups
@@ -148,9 +170,11 @@ class CrossBarrier:
             return True
         if not self._warned:
             self._warned = True
-            warnings.warn("fastps: optimizer step hooks are registered, so step() waits for "
-                          "every gradient (cross-barrier updates off while they are)",
-                          stacklevel=3)
+            warnings.warn(
+                "fastps: optimizer step hooks are registered, so step() waits for "
+                "every gradient (cross-barrier updates off while they are)",
+                stacklevel=3,
+            )
         return False
 
     def defer_step(self, optimizer: Any) -> None:
@@ -192,8 +216,9 @@ class CrossBarrier:
                         if me is not None:
                             me.wait_module(module, True)
 
-                    self._forward_hook = (
-                        torch.nn.modules.module.register_module_forward_pre_hook(before_forward))
+                    self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(
+                        before_forward
+                    )
 
     def _arrived(self, taken: List[_Entry]) -> List[_Entry]:
         """Pending entries whose sums are in, in forward order up to the first that is not
@@ -294,8 +319,7 @@ class CrossBarrier:
             self._idle()
         try:
             if by_group:
-                groups = [dict(self._groups[gi], params=ps)
-                          for gi, ps in sorted(by_group.items())]
+                groups = [dict(self._groups[gi], params=ps) for gi, ps in sorted(by_group.items())]
                 optimizer = self._optimizer()
                 if optimizer is None:  # pragma: no cover - _keep holds it while updates pend
                     raise FastPSError("the optimizer was garbage-collected with updates pending")

@@ -31,8 +31,9 @@ Signature = Tuple[str, Tuple[int, ...], str]
 _calls = itertools.count()  # numbers the collective calls of this module (same on all ranks)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: Any = None) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Returns ``root_rank``'s ``obj`` on every rank (pickled; the root gets ``obj`` back)."""
     return C.broadcast_object(obj, root_rank, name, process_set)
 
@@ -42,17 +43,20 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
     return C.allgather_object(obj, name, process_set)
 
 
-def check_same_tensors(named: Sequence[Tuple[str, torch.Tensor]], what: str,
-                       process_set: Any = None) -> None:
+def check_same_tensors(
+    named: Sequence[Tuple[str, torch.Tensor]], what: str, process_set: Any = None
+) -> None:
     """Raises on every rank if the ranks' named tensors differ (by name, shape or dtype)."""
     C.check_same_everywhere(
-        [(n, tuple(t.shape), str(t.dtype).replace("torch.", "")) for n, t in named], what,
+        [(n, tuple(t.shape), str(t.dtype).replace("torch.", "")) for n, t in named],
+        what,
         process_set,
     )
 
 
-ParamsArg = Union[Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]],
-                  Iterable[torch.Tensor]]
+ParamsArg = Union[
+    Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]
+]
 
 
 def _named_tensors(params: ParamsArg) -> List[Tuple[str, torch.Tensor]]:
@@ -96,8 +100,9 @@ def broadcast_parameters(params: ParamsArg, root_rank: int, process_set: Any = N
         core_dtype(t, n)
     with torch.no_grad():
         handles = [
-            broadcast_async_(t, root_rank, name=f"broadcast_parameters.{n}",
-                             process_set=process_set)
+            broadcast_async_(
+                t, root_rank, name=f"broadcast_parameters.{n}", process_set=process_set
+            )
             for n, t in items
         ]
         for h in handles:
@@ -140,8 +145,9 @@ def _fill(value: Any, tensors: Sequence[torch.Tensor]) -> Any:
     return value
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
-                              process_set: Any = None) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None
+) -> None:
     """Gives every rank ``root_rank``'s optimizer state: per-parameter state (momentum
     buffers, Adam moments, ``step``) and the param groups' hyperparameters (``lr``,
     ``momentum``, ...). Works when the other ranks have no state yet, e.g. when only the
@@ -161,8 +167,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 p.grad = torch.zeros_like(p)
     tensors: List[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if root else None
-    skeleton = broadcast_object(skeleton, root_rank, name=f"broadcast_optimizer_state.{call}",
-                                process_set=process_set)
+    skeleton = broadcast_object(
+        skeleton, root_rank, name=f"broadcast_optimizer_state.{call}", process_set=process_set
+    )
     if root:
         work = [t.detach().to("cpu", copy=True).contiguous() for t in tensors]
     else:
@@ -173,8 +180,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     for i, t in enumerate(work):
         core_dtype(t, f"optimizer state tensor {i}")
     handles = [
-        broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{call}.{i}",
-                         process_set=process_set)
+        broadcast_async_(
+            t, root_rank, name=f"broadcast_optimizer_state.{call}.{i}", process_set=process_set
+        )
         for i, t in enumerate(work)
     ]
     for h in handles:

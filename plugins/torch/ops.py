@@ -30,16 +30,50 @@ from .compression import Compression
 from .staging import Waitable, submit
 
 __all__ = [
-    "ReduceOp", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle", "core_dtype",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
-    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
-    "poll", "synchronize", "join", "barrier",
+    "ReduceOp",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "Handle",
+    "core_dtype",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "push_pull",
+    "push_pull_",
+    "push_pull_async",
+    "push_pull_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "sparse_allreduce_async",
+    "poll",
+    "synchronize",
+    "join",
+    "barrier",
 ]
 
 Average = ReduceOp.AVERAGE
@@ -112,8 +146,7 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
     rop = C.resolve_op(op, average)
     if rop == Adasum:
         raise FastPSError(
-            "op=Adasum is not supported by fastps (its servers only sum); use op=Average or "
-            "op=Sum"
+            "op=Adasum is not supported by fastps (its servers only sum); use op=Average or op=Sum"
         )
     return rop
 
@@ -201,8 +234,8 @@ def synchronize(handle: Handle) -> Any:
     return handle.synchronize()
 
 
-
 # --------------------------------------------------------------------------- allreduce
+
 
 def _allreduce_start(
     tensor: torch.Tensor,
@@ -215,15 +248,25 @@ def _allreduce_start(
     priority: int,
 ) -> Handle:
     if op in (Min, Max, Product):
-        return _allreduce_op(tensor, inplace, name, op, prescale_factor, postscale_factor, None,
-                             compression, priority)
+        return _allreduce_op(
+            tensor,
+            inplace,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            None,
+            compression,
+            priority,
+        )
     name = _name(name, "allreduce")
     dtype = core_dtype(tensor, name)
     size = fastps.size()
     base = tensor.detach()
     is_float = base.is_floating_point()
-    if base.dtype == torch.bool and (op == Average or prescale_factor != 1 or
-                                     postscale_factor != 1):
+    if base.dtype == torch.bool and (
+        op == Average or prescale_factor != 1 or postscale_factor != 1
+    ):
         raise FastPSError(
             f"tensor '{name}' is boolean: only op=Sum (logical OR) without scale factors is "
             "defined for it"
@@ -268,23 +311,29 @@ def _allreduce_start(
     return Handle(name, [part], finish)
 
 
-
-
-def _allreduce_op(tensor: torch.Tensor, inplace: bool, name: Optional[str], op: ReduceOp,
-                  prescale: float, postscale: float, process_set: Any, compression: Any,
-                  priority: int) -> Handle:
+def _allreduce_op(
+    tensor: torch.Tensor,
+    inplace: bool,
+    name: Optional[str],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    process_set: Any,
+    compression: Any,
+    priority: int,
+) -> Handle:
     if op == Adasum:
         raise FastPSError(
-            "op=Adasum is not supported by fastps (its servers only sum); use op=Average or "
-            "op=Sum"
+            "op=Adasum is not supported by fastps (its servers only sum); use op=Average or op=Sum"
         )
     compression = compression or Compression.none
     label = name or "allreduce"
     sent, ctx = compression.compress(tensor.detach())
     arr, dtype = _host(sent, label)
     out = arr if inplace and sent.device.type == "cpu" and arr.flags.writeable else None
-    cop = C.allreduce_async(arr, dtype, name, op, prescale, postscale, _process_set(process_set),
-                            priority, out=out)
+    cop = C.allreduce_async(
+        arr, dtype, name, op, prescale, postscale, _process_set(process_set), priority, out=out
+    )
 
     def finish() -> torch.Tensor:
         result = compression.decompress(_tensor(cop.synchronize(), dtype, sent), ctx)
@@ -298,68 +347,148 @@ def _allreduce_op(tensor: torch.Tensor, inplace: bool, name: Optional[str], op: 
     return Handle(cop.name, [cop], finish)
 
 
-def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
-                    name: Optional[str] = None, op: Optional[int] = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    process_set: Any = None, compression: Any = None,
-                    priority: int = 0) -> Handle:
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    compression: Any = None,
+    priority: int = 0,
+) -> Handle:
     """Starts averaging (``op=Average``, default) or reducing ``tensor`` over the process set
     into a new tensor. Never waits for other ranks."""
-    return _allreduce_op(tensor, False, name, C.resolve_op(op, average), prescale_factor,
-                         postscale_factor, process_set, compression, priority)
+    return _allreduce_op(
+        tensor,
+        False,
+        name,
+        C.resolve_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+        priority,
+    )
 
 
-def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
-                     name: Optional[str] = None, op: Optional[int] = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: Any = None, compression: Any = None,
-                     priority: int = 0) -> Handle:
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    compression: Any = None,
+    priority: int = 0,
+) -> Handle:
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until synchronized."""
-    return _allreduce_op(tensor, True, name, C.resolve_op(op, average), prescale_factor,
-                         postscale_factor, process_set, compression, priority)
+    return _allreduce_op(
+        tensor,
+        True,
+        name,
+        C.resolve_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+        priority,
+    )
 
 
 class _AllreduceFunction(torch.autograd.Function):
     """Differentiable allreduce: the gradient is the same reduction of the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
-                prescale: float, postscale: float, process_set: Any,
-                compression: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Optional[str],
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        process_set: Any,
+        compression: Any,
+    ) -> torch.Tensor:
         ctx.args = (name, op, prescale, postscale, process_set, compression)
-        return _allreduce_op(tensor, False, name, op, prescale, postscale, process_set,
-                             compression, 0).synchronize()
+        return _allreduce_op(
+            tensor, False, name, op, prescale, postscale, process_set, compression, 0
+        ).synchronize()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         name, op, prescale, postscale, process_set, compression = ctx.args
         grad_name = f"{name}.grad" if name else None
-        out = _allreduce_op(grad.contiguous(), False, grad_name, op, prescale, postscale,
-                            process_set, compression, 0).synchronize()
+        out = _allreduce_op(
+            grad.contiguous(),
+            False,
+            grad_name,
+            op,
+            prescale,
+            postscale,
+            process_set,
+            compression,
+            0,
+        ).synchronize()
         return out, None, None, None, None, None, None
 
 
-def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
-              compression: Any = Compression.none, op: Optional[int] = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: Any = None, priority: int = 0) -> torch.Tensor:
+def allreduce(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    priority: int = 0,
+) -> torch.Tensor:
     """Averages (default) or reduces ``tensor`` over the process set; returns a new tensor.
     Differentiable for ``op`` Average and Sum: the gradient is reduced the same way."""
     rop = C.resolve_op(op, average)
     if rop in (Average, Sum) and torch.is_grad_enabled() and tensor.requires_grad:
-        return _AllreduceFunction.apply(tensor, name, rop, prescale_factor, postscale_factor,
-                                        process_set, compression)
-    return _allreduce_op(tensor, False, name, rop, prescale_factor, postscale_factor,
-                         process_set, compression, priority).synchronize()
+        return _AllreduceFunction.apply(
+            tensor, name, rop, prescale_factor, postscale_factor, process_set, compression
+        )
+    return _allreduce_op(
+        tensor,
+        False,
+        name,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+        priority,
+    ).synchronize()
 
 
-def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
-               op: Optional[int] = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, process_set: Any = None, compression: Any = None,
-               priority: int = 0) -> torch.Tensor:
+def allreduce_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    compression: Any = None,
+    priority: int = 0,
+) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                            process_set, compression, priority).synchronize()
+    return allreduce_async_(
+        tensor,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+        priority,
+    ).synchronize()
 
 
 # BytePS spells it push_pull; same operations.
@@ -374,75 +503,153 @@ def _group(name: str, handles: List[Handle]) -> Handle:
     return Handle(name, handles, lambda: [h.synchronize() for h in handles])
 
 
-def _grouped_allreduce(tensors: Sequence[torch.Tensor], inplace: bool, average: Optional[bool],
-                       name: Optional[str], op: Optional[int], prescale_factor: float,
-                       postscale_factor: float, process_set: Any, compression: Any) -> Handle:
+def _grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    inplace: bool,
+    average: Optional[bool],
+    name: Optional[str],
+    op: Optional[int],
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: Any,
+    compression: Any,
+) -> Handle:
     rop = C.resolve_op(op, average)
     ps = _process_set(process_set)
     names = C._group_names(ps, name, len(tensors))
     with fastps.submission_batch():  # every worker queues the whole group in one step
-        handles = [_allreduce_op(t, inplace, n, rop, prescale_factor, postscale_factor, ps,
-                                 compression, 0) for t, n in zip(tensors, names)]
+        handles = [
+            _allreduce_op(t, inplace, n, rop, prescale_factor, postscale_factor, ps, compression, 0)
+            for t, n in zip(tensors, names)
+        ]
     return _group(name or "grouped_allreduce", handles)
 
 
-def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                            name: Optional[str] = None, op: Optional[int] = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: Any = None, compression: Any = None) -> Handle:
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    compression: Any = None,
+) -> Handle:
     """Starts one allreduce per tensor; the handle's result is the list of outputs."""
-    return _grouped_allreduce(tensors, False, average, name, op, prescale_factor,
-                              postscale_factor, process_set, compression)
+    return _grouped_allreduce(
+        tensors,
+        False,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+    )
 
 
-def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                             name: Optional[str] = None, op: Optional[int] = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: Any = None, compression: Any = None) -> Handle:
-    return _grouped_allreduce(tensors, True, average, name, op, prescale_factor,
-                              postscale_factor, process_set, compression)
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    compression: Any = None,
+) -> Handle:
+    return _grouped_allreduce(
+        tensors,
+        True,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        compression,
+    )
 
 
 class _GroupedAllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, name: Optional[str], op: ReduceOp, prescale: float, postscale: float,
-                process_set: Any, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any,
+        name: Optional[str],
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        process_set: Any,
+        *tensors: torch.Tensor,
+    ) -> Tuple[torch.Tensor, ...]:
         ctx.args = (name, op, prescale, postscale, process_set)
-        return tuple(_grouped_allreduce(tensors, False, None, name, op, prescale, postscale,
-                                        process_set, None).synchronize())
+        return tuple(
+            _grouped_allreduce(
+                tensors, False, None, name, op, prescale, postscale, process_set, None
+            ).synchronize()
+        )
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[Any, ...]:
         name, op, prescale, postscale, process_set = ctx.args
         grad_name = f"{name}.grad" if name else None
-        out = _grouped_allreduce([g.contiguous() for g in grads], False, None, grad_name, op,
-                                 prescale, postscale, process_set, None).synchronize()
+        out = _grouped_allreduce(
+            [g.contiguous() for g in grads],
+            False,
+            None,
+            grad_name,
+            op,
+            prescale,
+            postscale,
+            process_set,
+            None,
+        ).synchronize()
         return (None, None, None, None, None, *out)
 
 
-def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                      name: Optional[str] = None, compression: Any = None,
-                      op: Optional[int] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: Any = None) -> List[Any]:
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+) -> List[Any]:
     rop = C.resolve_op(op, average)
-    if (rop in (Average, Sum) and torch.is_grad_enabled()
-            and any(t.requires_grad for t in tensors)):
-        return list(_GroupedAllreduceFunction.apply(name, rop, prescale_factor,
-                                                    postscale_factor, process_set, *tensors))
-    return _grouped_allreduce(tensors, False, None, name, rop, prescale_factor,
-                              postscale_factor, process_set, compression).synchronize()
+    if rop in (Average, Sum) and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(
+            _GroupedAllreduceFunction.apply(
+                name, rop, prescale_factor, postscale_factor, process_set, *tensors
+            )
+        )
+    return _grouped_allreduce(
+        tensors, False, None, name, rop, prescale_factor, postscale_factor, process_set, compression
+    ).synchronize()
 
 
-def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                       name: Optional[str] = None, op: Optional[int] = None,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: Any = None) -> List[Any]:
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                    postscale_factor, process_set).synchronize()
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+) -> List[Any]:
+    return grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    ).synchronize()
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
-                           op: Optional[int] = None, process_set: Any = None) -> Handle:
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    process_set: Any = None,
+) -> Handle:
     """Reduces a sparse COO tensor: its indices and values are allgathered and summed into
     a sparse result (averaged for ``op=Average``)."""
     rop = C.resolve_op(op, None)
@@ -468,8 +675,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
 # --------------------------------------------------------------------------- allgather
 
 
-def _allgather_op(tensor: torch.Tensor, name: Optional[str], process_set: Any,
-                  counts: Optional[List[int]] = None) -> Handle:
+def _allgather_op(
+    tensor: torch.Tensor, name: Optional[str], process_set: Any, counts: Optional[List[int]] = None
+) -> Handle:
     arr, dtype = _host(tensor, name or "allgather")
     cop = C.allgather_async(arr, dtype, name, _process_set(process_set))
 
@@ -482,8 +690,9 @@ def _allgather_op(tensor: torch.Tensor, name: Optional[str], process_set: Any,
     return Handle(cop.name, [cop], finish)
 
 
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
-                    process_set: Any = None) -> Handle:
+def allgather_async(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Starts concatenating every rank's ``tensor`` along the first dimension (which may
     differ between ranks; the other dimensions must agree)."""
     return _allgather_op(tensor, name, process_set)
@@ -493,8 +702,9 @@ class _AllgatherFunction(torch.autograd.Function):
     """Differentiable allgather: each rank's gradient is its rows of the averaged gradient."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str],
-                process_set: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: Optional[str], process_set: Any
+    ) -> torch.Tensor:
         counts: List[int] = []
         out = _allgather_op(tensor, name, process_set, counts).synchronize()
         ps = _process_set(process_set)
@@ -508,30 +718,34 @@ class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         grad_name = f"{ctx.name}.grad" if ctx.name else None
-        averaged = _allreduce_op(grad.contiguous(), False, grad_name, Average, 1.0, 1.0,
-                                 ctx.process_set, None, 0).synchronize()
+        averaged = _allreduce_op(
+            grad.contiguous(), False, grad_name, Average, 1.0, 1.0, ctx.process_set, None, 0
+        ).synchronize()
         start, length = ctx.slice
         return averaged.narrow(0, start, length).reshape(ctx.shape), None, None
 
 
-def allgather(tensor: torch.Tensor, name: Optional[str] = None,
-              process_set: Any = None) -> torch.Tensor:
+def allgather(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
+) -> torch.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank order."""
     if torch.is_grad_enabled() and tensor.requires_grad:
         return _AllgatherFunction.apply(tensor, name, process_set)
     return _allgather_op(tensor, name, process_set).synchronize()
 
 
-def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                            process_set: Any = None) -> Handle:
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     ps = _process_set(process_set)
     names = C._group_names(ps, name, len(tensors))
     handles = [_allgather_op(t, n, ps) for t, n in zip(tensors, names)]
     return _group(name or "grouped_allgather", handles)
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                      process_set: Any = None) -> List[torch.Tensor]:
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: Any = None
+) -> List[torch.Tensor]:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         ps = _process_set(process_set)
         names = C._group_names(ps, name, len(tensors))
@@ -542,11 +756,18 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 # --------------------------------------------------------------------------- broadcast
 
 
-def _broadcast_op(tensor: torch.Tensor, root_rank: int, name: Optional[str], inplace: bool,
-                  process_set: Any) -> Handle:
+def _broadcast_op(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str], inplace: bool, process_set: Any
+) -> Handle:
     arr, dtype = _host(tensor, name or "broadcast")
-    out = arr if inplace and tensor.device.type == "cpu" and arr.flags.writeable and \
-        arr.ctypes.data == tensor.data_ptr() else None
+    out = (
+        arr
+        if inplace
+        and tensor.device.type == "cpu"
+        and arr.flags.writeable
+        and arr.ctypes.data == tensor.data_ptr()
+        else None
+    )
     cop = C.broadcast_async(arr, dtype, root_rank, name, _process_set(process_set), out=out)
 
     def finish() -> torch.Tensor:
@@ -560,14 +781,16 @@ def _broadcast_op(tensor: torch.Tensor, root_rank: int, name: Optional[str], inp
     return Handle(cop.name, [cop], finish)
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-                    process_set: Any = None) -> Handle:
+def broadcast_async(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Starts copying ``root_rank``'s ``tensor`` to every rank (into a new tensor)."""
     return _broadcast_op(tensor, root_rank, name, False, process_set)
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-                     process_set: Any = None) -> Handle:
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """In-place :func:`broadcast_async`: every rank's ``tensor`` receives the root's."""
     return _broadcast_op(tensor, root_rank, name, True, process_set)
 
@@ -576,8 +799,9 @@ class _BroadcastFunction(torch.autograd.Function):
     """Differentiable broadcast: the root receives the averaged gradient, the others zero."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str],
-                process_set: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str], process_set: Any
+    ) -> torch.Tensor:
         ctx.root_rank = root_rank
         ctx.name = name
         ctx.process_set = process_set
@@ -586,23 +810,26 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         grad_name = f"{ctx.name}.grad" if ctx.name else None
-        averaged = _allreduce_op(grad.contiguous(), False, grad_name, Average, 1.0, 1.0,
-                                 ctx.process_set, None, 0).synchronize()
+        averaged = _allreduce_op(
+            grad.contiguous(), False, grad_name, Average, 1.0, 1.0, ctx.process_set, None, 0
+        ).synchronize()
         if fastps.rank() != ctx.root_rank:
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-              process_set: Any = None) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank."""
     if torch.is_grad_enabled() and tensor.requires_grad:
         return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
     return _broadcast_op(tensor, root_rank, name, False, process_set).synchronize()
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-               process_set: Any = None) -> torch.Tensor:
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> torch.Tensor:
     """In-place :func:`broadcast`; returns ``tensor``."""
     return broadcast_async_(tensor, root_rank, name, process_set).synchronize()
 
@@ -620,8 +847,9 @@ def _splits_list(splits: Any) -> Optional[List[int]]:
     return [int(s) for s in splits]
 
 
-def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
-                 process_set: Any) -> Handle:
+def _alltoall_op(
+    tensor: torch.Tensor, splits: Any, name: Optional[str], process_set: Any
+) -> Handle:
     arr, dtype = _host(tensor, name or "alltoall")
     cop = C.alltoall_async(arr, dtype, _splits_list(splits), name, _process_set(process_set))
 
@@ -632,8 +860,9 @@ def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
     return Handle(cop.name, [cop], finish)
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
-                   process_set: Any = None) -> Handle:
+def alltoall_async(
+    tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Starts sending ``splits[j]`` rows to rank j; the result is (tensor, received splits)."""
     return _alltoall_op(tensor, splits, name, process_set)
 
@@ -642,8 +871,9 @@ class _AlltoallFunction(torch.autograd.Function):
     """Differentiable alltoall: gradients travel back along the received splits."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str],
-                process_set: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str], process_set: Any
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         out, received = _alltoall_op(tensor, splits, name, process_set).synchronize()
         ctx.received = received
         ctx.name = name
@@ -654,13 +884,15 @@ class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> Tuple[Any, ...]:
         grad_name = f"{ctx.name}.grad" if ctx.name else None
-        back, _ = _alltoall_op(grad.contiguous(), ctx.received, grad_name,
-                               ctx.process_set).synchronize()
+        back, _ = _alltoall_op(
+            grad.contiguous(), ctx.received, grad_name, ctx.process_set
+        ).synchronize()
         return back, None, None, None
 
 
-def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
-             process_set: Any = None) -> Any:
+def alltoall(
+    tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Returns (rows received from every rank, concatenated; splits received) when
     ``splits`` is given, else only the tensor (Horovod's two forms)."""
     if torch.is_grad_enabled() and tensor.requires_grad:
@@ -673,20 +905,33 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = Non
 # --------------------------------------------------------------------------- reducescatter
 
 
-def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
-                      prescale: float, postscale: float, process_set: Any) -> Handle:
+def _reducescatter_op(
+    tensor: torch.Tensor,
+    name: Optional[str],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    process_set: Any,
+) -> Handle:
     arr, dtype = _host(tensor, name or "reducescatter")
-    cop = C.reducescatter_async(arr, dtype, name, op, prescale, postscale,
-                                _process_set(process_set))
+    cop = C.reducescatter_async(
+        arr, dtype, name, op, prescale, postscale, _process_set(process_set)
+    )
     return Handle(cop.name, [cop], lambda: _tensor(cop.synchronize(), dtype, tensor))
 
 
-def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
-                        op: Optional[int] = None, process_set: Any = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Starts reducing ``tensor`` over the set; each rank keeps its share of the rows."""
-    return _reducescatter_op(tensor, name, C.resolve_op(op, None), prescale_factor,
-                             postscale_factor, process_set)
+    return _reducescatter_op(
+        tensor, name, C.resolve_op(op, None), prescale_factor, postscale_factor, process_set
+    )
 
 
 class _ReducescatterFunction(torch.autograd.Function):
@@ -694,11 +939,17 @@ class _ReducescatterFunction(torch.autograd.Function):
     forward op scaled (times the set size for Sum)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
-                prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Optional[str],
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        process_set: Any,
+    ) -> torch.Tensor:
         ctx.args = (name, op, prescale, postscale, process_set)
-        return _reducescatter_op(tensor, name, op, prescale, postscale,
-                                 process_set).synchronize()
+        return _reducescatter_op(tensor, name, op, prescale, postscale, process_set).synchronize()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
@@ -709,42 +960,63 @@ class _ReducescatterFunction(torch.autograd.Function):
         return gathered * factor, None, None, None, None, None
 
 
-def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
-                  compression: Any = None, op: Optional[int] = None,
-                  process_set: Any = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
+def reducescatter(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    compression: Any = None,
+    op: Optional[int] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
     rop = C.resolve_op(op, None)
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _ReducescatterFunction.apply(tensor, name, rop, prescale_factor,
-                                            postscale_factor, process_set)
-    return _reducescatter_op(tensor, name, rop, prescale_factor, postscale_factor,
-                             process_set).synchronize()
+        return _ReducescatterFunction.apply(
+            tensor, name, rop, prescale_factor, postscale_factor, process_set
+        )
+    return _reducescatter_op(
+        tensor, name, rop, prescale_factor, postscale_factor, process_set
+    ).synchronize()
 
 
-def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                                op: Optional[int] = None, process_set: Any = None,
-                                prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> Handle:
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     rop = C.resolve_op(op, None)
     ps = _process_set(process_set)
     names = C._group_names(ps, name, len(tensors))
-    handles = [_reducescatter_op(t, n, rop, prescale_factor, postscale_factor, ps)
-               for t, n in zip(tensors, names)]
+    handles = [
+        _reducescatter_op(t, n, rop, prescale_factor, postscale_factor, ps)
+        for t, n in zip(tensors, names)
+    ]
     return _group(name or "grouped_reducescatter", handles)
 
 
-def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                          compression: Any = None, op: Optional[int] = None,
-                          process_set: Any = None, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    compression: Any = None,
+    op: Optional[int] = None,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> List[torch.Tensor]:
     rop = C.resolve_op(op, None)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         ps = _process_set(process_set)
         names = C._group_names(ps, name, len(tensors))
-        return [_ReducescatterFunction.apply(t, n, rop, prescale_factor, postscale_factor,
-                                             process_set) for t, n in zip(tensors, names)]
-    return grouped_reducescatter_async(tensors, name, rop, process_set, prescale_factor,
-                                       postscale_factor).synchronize()
+        return [
+            _ReducescatterFunction.apply(t, n, rop, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, names)
+        ]
+    return grouped_reducescatter_async(
+        tensors, name, rop, process_set, prescale_factor, postscale_factor
+    ).synchronize()
 
 
 # --------------------------------------------------------------------------- join, barrier

@@ -77,8 +77,18 @@ _hook_owner: weakref.WeakValueDictionary[int, _GradientSync] = weakref.WeakValue
 class _Entry:
     """One parameter the optimizer updates."""
 
-    __slots__ = ("name", "param", "index", "passes", "handle", "hook", "deferred", "grad",
-                 "group", "zero")
+    __slots__ = (
+        "name",
+        "param",
+        "index",
+        "passes",
+        "handle",
+        "hook",
+        "deferred",
+        "grad",
+        "group",
+        "zero",
+    )
 
     def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
         self.name = name
@@ -148,8 +158,9 @@ class _GradientSync:
 
     # ---------------------------------------------------------------- parameters
 
-    def add_group(self, group_index: int, params: Iterable[torch.Tensor],
-                  check: bool = True) -> None:
+    def add_group(
+        self, group_index: int, params: Iterable[torch.Tensor], check: bool = True
+    ) -> None:
         new: List[_Entry] = []
         for pi, p in enumerate(params):
             if id(p) in self.by_id:
@@ -189,12 +200,15 @@ class _GradientSync:
         seen: Dict[str, _Entry] = {}
         for e in self.entries:
             if e.name in seen:
-                short = e.name[len(GRAD_PREFIX):]
+                short = e.name[len(GRAD_PREFIX) :]
                 raise ValueError(f"DistributedOptimizer: two parameters are both named '{short}'")
             seen[e.name] = e
         if self.active:
-            check_same_tensors([(e.name[len(GRAD_PREFIX):], e.param) for e in self.entries],
-                               "DistributedOptimizer", self.process_set)
+            check_same_tensors(
+                [(e.name[len(GRAD_PREFIX) :], e.param) for e in self.entries],
+                "DistributedOptimizer",
+                self.process_set,
+            )
 
     def close(self) -> None:
         if self.cross is not None:
@@ -225,7 +239,7 @@ class _GradientSync:
     def parameter_order(self) -> List[str]:
         """Parameter names, highest priority first."""
         ranked = sorted(self.entries, key=self.priority, reverse=True)
-        return [e.name[len(GRAD_PREFIX):] for e in ranked]
+        return [e.name[len(GRAD_PREFIX) :] for e in ranked]
 
     # ---------------------------------------------------------------- communication
 
@@ -238,7 +252,7 @@ class _GradientSync:
                 self.cross.check_gradient(e)
             if e.handle is not None:
                 raise FastPSError(
-                    f"the gradient of '{e.name[len(GRAD_PREFIX):]}' was computed more than "
+                    f"the gradient of '{e.name[len(GRAD_PREFIX) :]}' was computed more than "
                     f"backward_passes_per_step={self.passes_per_step} times before "
                     "optimizer.step() or optimizer.synchronize(); raise "
                     "backward_passes_per_step to accumulate more passes locally"
@@ -261,8 +275,9 @@ class _GradientSync:
             agreed = _api.broadcast(mine, 0, name=name)
         else:  # among the process set's ranks only, from its first rank
             ps = self.process_set
-            agreed = _collectives.broadcast_async(mine, "int64", ps.ranks[0], name,
-                                                  ps).synchronize()
+            agreed = _collectives.broadcast_async(
+                mine, "int64", ps.ranks[0], name, ps
+            ).synchronize()
         self.agreed = [int(p) for p in agreed]
 
     def _start(self, e: _Entry) -> None:
@@ -293,10 +308,27 @@ class _GradientSync:
 
     def _dense(self, e: _Entry, grad: torch.Tensor) -> Handle:
         if self.direct:
-            return _allreduce_start(grad, True, e.name, self.op, self.prescale,
-                                    self.postscale, self.compression, self.priority(e))
-        return _allreduce_op(grad, True, e.name, self.op, self.prescale, self.postscale,
-                             self.process_set, self.compression, self.priority(e))
+            return _allreduce_start(
+                grad,
+                True,
+                e.name,
+                self.op,
+                self.prescale,
+                self.postscale,
+                self.compression,
+                self.priority(e),
+            )
+        return _allreduce_op(
+            grad,
+            True,
+            e.name,
+            self.op,
+            self.prescale,
+            self.postscale,
+            self.process_set,
+            self.compression,
+            self.priority(e),
+        )
 
     def _sparse(self, e: _Entry, grad: torch.Tensor) -> Handle:
         """A sparse gradient stays sparse: indices and values are gathered and summed."""
@@ -311,8 +343,11 @@ class _GradientSync:
 
     def in_flight(self) -> List[str]:
         """Gradients being averaged for a step() not yet called."""
-        return [e.name[len(GRAD_PREFIX):] for e in self.entries
-                if e.handle is not None and not e.deferred]
+        return [
+            e.name[len(GRAD_PREFIX) :]
+            for e in self.entries
+            if e.handle is not None and not e.deferred
+        ]
 
     def start_missing(self) -> None:
         """Starts the push_pull of every gradient whose hook has not (fewer backward
@@ -368,8 +403,13 @@ class _DistributedMixin:
                 stacklevel=2,
             )
         cross = sync.cross
-        if (cross is not None and closure is None and sync.should_synchronize
-                and not sync.synchronized and cross.usable(self)):
+        if (
+            cross is not None
+            and closure is None
+            and sync.should_synchronize
+            and not sync.synchronized
+            and cross.usable(self)
+        ):
             cross.defer_step(self)
             if sync.active:
                 freeze_once()
@@ -489,7 +529,7 @@ class _DistributedMixin:
     @property
     def _parameter_names(self) -> Dict[torch.Tensor, str]:
         """Horovod's mapping of each parameter to the name its gradient travels under."""
-        return {e.param: e.name[len(GRAD_PREFIX):] for e in self._fastps.entries}
+        return {e.param: e.name[len(GRAD_PREFIX) :] for e in self._fastps.entries}
 
 
 # The wrapped class's step is already instrumented by torch (step hooks, profiling); keep
@@ -503,22 +543,26 @@ _ADOPT_SKIP = ("step", "zero_grad", "_opt_called", "_fastps")
 def _distributed_class(base: type) -> Type[Any]:
     cls = _classes.get(base)
     if cls is None:
-        cls = type(f"Distributed{base.__name__}", (_DistributedMixin, base),
-                   {"__module__": __name__})
+        cls = type(
+            f"Distributed{base.__name__}", (_DistributedMixin, base), {"__module__": __name__}
+        )
         _classes[base] = cls
     return cls
 
 
-def _parameter_names(named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]
-                     ) -> Dict[int, str]:
+def _parameter_names(
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
+) -> Dict[int, str]:
     names: Dict[int, str] = {}
     if named_parameters is None:
         return names
     taken: Dict[str, int] = {}
     for item in named_parameters:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError("named_parameters must be (name, parameter) pairs, as "
-                             "model.named_parameters() yields")
+            raise ValueError(
+                "named_parameters must be (name, parameter) pairs, as "
+                "model.named_parameters() yields"
+            )
         name, p = item
         if name in taken and taken[name] != id(p):
             raise ValueError(f"named_parameters names two parameters '{name}'")
@@ -576,8 +620,10 @@ def DistributedOptimizer(
     if deferred:
         why = coupling(type(optimizer))
         if why is not None:
-            warnings.warn(f"fastps: cross-barrier updates off: {why}; step() waits for every "
-                          "gradient", stacklevel=2)
+            warnings.warn(
+                f"fastps: cross-barrier updates off: {why}; step() waits for every gradient",
+                stacklevel=2,
+            )
             deferred = False
 
     sync = _GradientSync(
@@ -592,9 +638,7 @@ def DistributedOptimizer(
     )
     cls: Any = _distributed_class(type(optimizer))
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(
-        {k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP}
-    )
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP})
     wrapped._fastps = sync
     if deferred and sync.active:
         sync.cross = CrossBarrier(sync, wrapped, cls._step_on)

@@ -28,7 +28,8 @@ class ForwardOrder:
         self._position: Dict[int, int] = {}
         # Modules whose forward announced a watched parameter (cross-barrier hooks them).
         self._owners: weakref.WeakValueDictionary[int, torch.nn.Module] = (
-            weakref.WeakValueDictionary())
+            weakref.WeakValueDictionary()
+        )
         ref = weakref.ref(self)
 
         def pre_hook(module: torch.nn.Module, args: Any) -> None:

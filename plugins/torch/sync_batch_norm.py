@@ -22,9 +22,15 @@ __all__ = ["SyncBatchNorm"]
 class SyncBatchNorm(_BatchNorm):
     """Drop-in for ``torch.nn.BatchNorm{1,2,3}d`` (any input of shape N x C x ...)."""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = True, track_running_stats: bool = True,
-                 process_set: Any = None) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_set: Any = None,
+    ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_set = process_set
 
@@ -35,19 +41,29 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         if not self.training:
-            return F.batch_norm(input, self.running_mean, self.running_var, self.weight,
-                                self.bias, False, 0.0, self.eps)
+            return F.batch_norm(
+                input,
+                self.running_mean,
+                self.running_var,
+                self.weight,
+                self.bias,
+                False,
+                0.0,
+                self.eps,
+            )
         channels = input.shape[1]
         flat = input.transpose(0, 1).reshape(channels, -1)
-        local = torch.cat([
-            torch.full((1,), float(flat.shape[1]), dtype=flat.dtype, device=flat.device),
-            flat.sum(dim=1),
-            (flat * flat).sum(dim=1),
-        ])
+        local = torch.cat(
+            [
+                torch.full((1,), float(flat.shape[1]), dtype=flat.dtype, device=flat.device),
+                flat.sum(dim=1),
+                (flat * flat).sum(dim=1),
+            ]
+        )
         total = allreduce(local, op=Sum, process_set=self.process_set)
         count = total[0]
-        mean = total[1:1 + channels] / count
-        var = total[1 + channels:] / count - mean * mean  # biased, as batch norm normalizes
+        mean = total[1 : 1 + channels] / count
+        var = total[1 + channels :] / count - mean * mean  # biased, as batch norm normalizes
         if self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 self.num_batches_tracked += 1

@@ -32,38 +32,59 @@ class LayerAdapter:
     def _np(self, a: np.ndarray, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(a.astype(self.C.DTYPES[dtype]))
 
-    def allreduce_async(self, a: np.ndarray, dtype: str, op: int, pre: float = 1.0,
-                        post: float = 1.0, ps: Any = None, name: Optional[str] = None) -> Any:
-        return _Wrapped(self.C.allreduce_async(self._np(a, dtype), dtype, name,
-                                               self.C.ReduceOp(op), pre, post, ps))
+    def allreduce_async(
+        self,
+        a: np.ndarray,
+        dtype: str,
+        op: int,
+        pre: float = 1.0,
+        post: float = 1.0,
+        ps: Any = None,
+        name: Optional[str] = None,
+    ) -> Any:
+        return _Wrapped(
+            self.C.allreduce_async(
+                self._np(a, dtype), dtype, name, self.C.ReduceOp(op), pre, post, ps
+            )
+        )
 
     def allreduce(self, *args: Any, **kwargs: Any) -> np.ndarray:
         return self.allreduce_async(*args, **kwargs).synchronize()
 
-    def grouped_allreduce(self, arrays: Sequence[np.ndarray], dtype: str, op: int,
-                          ps: Any = None) -> List[np.ndarray]:
-        ops = self.C.grouped_allreduce_async([self._np(a, dtype) for a in arrays],
-                                             [dtype] * len(arrays), None, self.C.ReduceOp(op),
-                                             process_set=ps)
+    def grouped_allreduce(
+        self, arrays: Sequence[np.ndarray], dtype: str, op: int, ps: Any = None
+    ) -> List[np.ndarray]:
+        ops = self.C.grouped_allreduce_async(
+            [self._np(a, dtype) for a in arrays],
+            [dtype] * len(arrays),
+            None,
+            self.C.ReduceOp(op),
+            process_set=ps,
+        )
         return [o.synchronize() for o in ops]
 
-    def allgather(self, a: np.ndarray, dtype: str, ps: Any = None,
-                  name: Optional[str] = None) -> np.ndarray:
+    def allgather(
+        self, a: np.ndarray, dtype: str, ps: Any = None, name: Optional[str] = None
+    ) -> np.ndarray:
         return self.C.allgather_async(self._np(a, dtype), dtype, name, ps).synchronize()[0]
 
-    def broadcast(self, a: np.ndarray, dtype: str, root: int, ps: Any = None,
-                  name: Optional[str] = None) -> np.ndarray:
+    def broadcast(
+        self, a: np.ndarray, dtype: str, root: int, ps: Any = None, name: Optional[str] = None
+    ) -> np.ndarray:
         return self.C.broadcast_async(self._np(a, dtype), dtype, root, name, ps).synchronize()
 
-    def alltoall(self, a: np.ndarray, dtype: str, splits: Optional[List[int]],
-                 ps: Any = None) -> Tuple[np.ndarray, List[int]]:
-        data, received = self.C.alltoall_async(self._np(a, dtype), dtype, splits, None,
-                                               ps).synchronize()
+    def alltoall(
+        self, a: np.ndarray, dtype: str, splits: Optional[List[int]], ps: Any = None
+    ) -> Tuple[np.ndarray, List[int]]:
+        data, received = self.C.alltoall_async(
+            self._np(a, dtype), dtype, splits, None, ps
+        ).synchronize()
         return data, list(received)
 
     def reducescatter(self, a: np.ndarray, dtype: str, op: int, ps: Any = None) -> np.ndarray:
-        return self.C.reducescatter_async(self._np(a, dtype), dtype, None, self.C.ReduceOp(op),
-                                          process_set=ps).synchronize()
+        return self.C.reducescatter_async(
+            self._np(a, dtype), dtype, None, self.C.ReduceOp(op), process_set=ps
+        ).synchronize()
 
     def add_process_set(self, ranks: List[int]) -> Any:
         return self.C.add_process_set(ranks)
@@ -100,8 +121,16 @@ class TorchAdapter:
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.global_set = hvd.global_process_set
-        self.dtypes = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8",
-                       "uint8"]
+        self.dtypes = [
+            "float32",
+            "float64",
+            "float16",
+            "bfloat16",
+            "int32",
+            "int64",
+            "int8",
+            "uint8",
+        ]
 
     def _t(self, a: np.ndarray, dtype: str) -> Any:
         torch = self.torch
@@ -113,31 +142,48 @@ class TorchAdapter:
             t = t.float()
         return t.numpy()
 
-    def allreduce_async(self, a: np.ndarray, dtype: str, op: int, pre: float = 1.0,
-                        post: float = 1.0, ps: Any = None, name: Optional[str] = None) -> Any:
-        h = self.hvd.allreduce_async(self._t(a, dtype), name=name, op=op, prescale_factor=pre,
-                                     postscale_factor=post, process_set=ps)
+    def allreduce_async(
+        self,
+        a: np.ndarray,
+        dtype: str,
+        op: int,
+        pre: float = 1.0,
+        post: float = 1.0,
+        ps: Any = None,
+        name: Optional[str] = None,
+    ) -> Any:
+        h = self.hvd.allreduce_async(
+            self._t(a, dtype),
+            name=name,
+            op=op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=ps,
+        )
         return _Wrapped(h, self._n)
 
     def allreduce(self, *args: Any, **kwargs: Any) -> np.ndarray:
         return self.allreduce_async(*args, **kwargs).synchronize()
 
-    def grouped_allreduce(self, arrays: Sequence[np.ndarray], dtype: str, op: int,
-                          ps: Any = None) -> List[np.ndarray]:
-        out = self.hvd.grouped_allreduce([self._t(a, dtype) for a in arrays], op=op,
-                                         process_set=ps)
+    def grouped_allreduce(
+        self, arrays: Sequence[np.ndarray], dtype: str, op: int, ps: Any = None
+    ) -> List[np.ndarray]:
+        out = self.hvd.grouped_allreduce([self._t(a, dtype) for a in arrays], op=op, process_set=ps)
         return [self._n(t) for t in out]
 
-    def allgather(self, a: np.ndarray, dtype: str, ps: Any = None,
-                  name: Optional[str] = None) -> np.ndarray:
+    def allgather(
+        self, a: np.ndarray, dtype: str, ps: Any = None, name: Optional[str] = None
+    ) -> np.ndarray:
         return self._n(self.hvd.allgather(self._t(a, dtype), name=name, process_set=ps))
 
-    def broadcast(self, a: np.ndarray, dtype: str, root: int, ps: Any = None,
-                  name: Optional[str] = None) -> np.ndarray:
+    def broadcast(
+        self, a: np.ndarray, dtype: str, root: int, ps: Any = None, name: Optional[str] = None
+    ) -> np.ndarray:
         return self._n(self.hvd.broadcast(self._t(a, dtype), root, name=name, process_set=ps))
 
-    def alltoall(self, a: np.ndarray, dtype: str, splits: Optional[List[int]],
-                 ps: Any = None) -> Tuple[np.ndarray, List[int]]:
+    def alltoall(
+        self, a: np.ndarray, dtype: str, splits: Optional[List[int]], ps: Any = None
+    ) -> Tuple[np.ndarray, List[int]]:
         torch = self.torch
         sp = None if splits is None else torch.tensor(splits, dtype=torch.int32)
         out = self.hvd.alltoall(self._t(a, dtype), splits=sp, process_set=ps)

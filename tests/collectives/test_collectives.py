@@ -12,8 +12,7 @@ from typing import Dict
 import pytest
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ["mismatch OK", "duplicate OK", "out of order OK", "process sets OK", "join OK",
-          "ALL OK"]
+CHECKS = ["mismatch OK", "duplicate OK", "out of order OK", "process sets OK", "join OK", "ALL OK"]
 
 
 @pytest.mark.parametrize("np_", [1, 2, 4])
@@ -23,10 +22,22 @@ def test_every_collective(subprocess_env: Dict[str, str], adapter: str, np_: int
         pytest.importorskip("torch")
     env = dict(subprocess_env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     res = subprocess.run(
-        [sys.executable, "-m", "fastps.launcher", "-np", str(np_), sys.executable,
-         str(HERE / "worker.py"), adapter],
-        env=env, cwd=str(HERE.parents[1]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=400,
+        [
+            sys.executable,
+            "-m",
+            "fastps.launcher",
+            "-np",
+            str(np_),
+            sys.executable,
+            str(HERE / "worker.py"),
+            adapter,
+        ],
+        env=env,
+        cwd=str(HERE.parents[1]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=400,
     )
     assert res.returncode == 0, res.stdout[-6000:]
     for check in CHECKS:
@@ -39,7 +50,13 @@ def test_single_process_layer_alone(subprocess_env: Dict[str, str]) -> None:
     """Without a launcher the layer runs every op locally (one worker)."""
     env = {k: v for k, v in subprocess_env.items() if not k.startswith("FASTPS_")}
     env["OMP_NUM_THREADS"] = "1"
-    res = subprocess.run([sys.executable, str(HERE / "worker.py"), "layer"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=200, cwd=os.getcwd())
+    res = subprocess.run(
+        [sys.executable, str(HERE / "worker.py"), "layer"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=200,
+        cwd=os.getcwd(),
+    )
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout[-4000:]

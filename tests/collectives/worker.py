@@ -24,8 +24,9 @@ def data(rank: int, shape: tuple, salt: int = 0) -> np.ndarray:
 def expect(name: str, got: np.ndarray, want: np.ndarray) -> None:
     got = np.asarray(got, dtype=np.float64)
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-2, atol=1e-2):
-        raise AssertionError(f"{name}: got {got.ravel()[:8]} {got.shape}, "
-                             f"want {want.ravel()[:8]} {want.shape}")
+        raise AssertionError(
+            f"{name}: got {got.ravel()[:8]} {got.shape}, want {want.ravel()[:8]} {want.shape}"
+        )
 
 
 def main() -> None:
@@ -46,14 +47,21 @@ def main() -> None:
         if dt not in ("int8", "uint8"):
             expect(f"{dt} product", hv.allreduce(data(r, shape), dt, PROD), stack.prod(0))
         if dt.startswith(("float", "bfloat")):
-            expect(f"{dt} scaled", hv.allreduce(data(r, shape), dt, SUM, pre=0.5, post=3.0),
-                   stack.sum(0) * 1.5)
+            expect(
+                f"{dt} scaled",
+                hv.allreduce(data(r, shape), dt, SUM, pre=0.5, post=3.0),
+                stack.sum(0) * 1.5,
+            )
         rows = [k + 1 for k in ranks]  # allgather with a different first dimension per rank
-        expect(f"{dt} allgather", hv.allgather(data(r, (rows[r], 2)), dt),
-               np.concatenate([data(k, (rows[k], 2)) for k in ranks]))
+        expect(
+            f"{dt} allgather",
+            hv.allgather(data(r, (rows[r], 2)), dt),
+            np.concatenate([data(k, (rows[k], 2)) for k in ranks]),
+        )
         for root in ranks:
-            expect(f"{dt} broadcast {root}", hv.broadcast(data(r, shape), dt, root),
-                   data(root, shape))
+            expect(
+                f"{dt} broadcast {root}", hv.broadcast(data(r, shape), dt, root), data(root, shape)
+            )
         # alltoall: rank k sends (j + k) % 2 + 1 rows to rank j
         splits = {k: [(j + k) % 2 + 1 for j in ranks] for k in ranks}
         got, received = hv.alltoall(data(r, (sum(splits[r]), 2)), dt, splits[r])
@@ -61,17 +69,23 @@ def main() -> None:
         for k in ranks:
             src = data(k, (sum(splits[k]), 2))
             begin = sum(splits[k][:r])
-            want.append(src[begin:begin + splits[k][r]])
+            want.append(src[begin : begin + splits[k][r]])
         expect(f"{dt} alltoall", got, np.concatenate(want))
         assert received == [splits[k][r] for k in ranks], (received, dt)
         got, received = hv.alltoall(data(r, (2 * n, 2)), dt, None)
-        expect(f"{dt} alltoall even", got,
-               np.concatenate([data(k, (2 * n, 2))[2 * r:2 * r + 2] for k in ranks]))
+        expect(
+            f"{dt} alltoall even",
+            got,
+            np.concatenate([data(k, (2 * n, 2))[2 * r : 2 * r + 2] for k in ranks]),
+        )
         full = np.stack([data(k, (n + 1, 2)) for k in ranks]).sum(0)
         share = [(n + 1) // n + (1 if i < (n + 1) % n else 0) for i in ranks]
         begin = sum(share[:r])
-        expect(f"{dt} reducescatter", hv.reducescatter(data(r, (n + 1, 2)), dt, SUM),
-               full[begin:begin + share[r]])
+        expect(
+            f"{dt} reducescatter",
+            hv.reducescatter(data(r, (n + 1, 2)), dt, SUM),
+            full[begin : begin + share[r]],
+        )
         outs = hv.grouped_allreduce([data(r, (2,)), data(r, (5,), 1)], dt, SUM)
         expect(f"{dt} grouped", outs[1], np.stack([data(k, (5,), 1) for k in ranks]).sum(0))
         print(f"dtype {dt} OK", flush=True)
@@ -99,8 +113,11 @@ def main() -> None:
         assert n == 1, "different ops did not raise"
     except RuntimeError as exc:
         assert "allreduce" in str(exc) and "allgather" in str(exc), exc
-    expect("after mismatch", hv.allreduce(data(r, (4,)), "float32", SUM),
-           np.stack([data(k, (4,)) for k in ranks]).sum(0))
+    expect(
+        "after mismatch",
+        hv.allreduce(data(r, (4,)), "float32", SUM),
+        np.stack([data(k, (4,)) for k in ranks]).sum(0),
+    )
     print("mismatch OK", flush=True)
 
     # A duplicate name in flight raises at once, on the caller only. (Alone, an op is done
@@ -113,16 +130,21 @@ def main() -> None:
         second.synchronize()
     except ValueError:
         assert time.monotonic() - t0 < 1.0
-    expect("first of duplicates", first.synchronize(),
-           np.stack([data(k, (4,)) for k in ranks]).sum(0))
+    expect(
+        "first of duplicates", first.synchronize(), np.stack([data(k, (4,)) for k in ranks]).sum(0)
+    )
     print("duplicate OK", flush=True)
 
     # Async ops complete out of order.
-    handles = [hv.allreduce_async(data(r, (3,), i), "float64", SUM, name=f"ooo.{i}")
-               for i in range(4)]
+    handles = [
+        hv.allreduce_async(data(r, (3,), i), "float64", SUM, name=f"ooo.{i}") for i in range(4)
+    ]
     for i in reversed(range(4)):
-        expect(f"out of order {i}", handles[i].synchronize(),
-               np.stack([data(k, (3,), i) for k in ranks]).sum(0))
+        expect(
+            f"out of order {i}",
+            handles[i].synchronize(),
+            np.stack([data(k, (3,), i) for k in ranks]).sum(0),
+        )
     print("out of order OK", flush=True)
 
     # Process sets: evens and odds reduce separately; an outsider's call raises.
@@ -131,12 +153,21 @@ def main() -> None:
     even_set = hv.add_process_set(evens)
     odd_set = hv.add_process_set(odds) if odds else None
     mine, mine_ranks = (even_set, evens) if r % 2 == 0 else (odd_set, odds)
-    expect("process set sum", hv.allreduce(data(r, (5,)), "float32", SUM, ps=mine),
-           np.stack([data(k, (5,)) for k in mine_ranks]).sum(0))
-    expect("process set allgather", hv.allgather(data(r, (1, 2)), "int32", ps=mine),
-           np.concatenate([data(k, (1, 2)) for k in mine_ranks]))
-    expect("process set broadcast", hv.broadcast(data(r, (3,)), "float64", mine_ranks[-1],
-                                                 ps=mine), data(mine_ranks[-1], (3,)))
+    expect(
+        "process set sum",
+        hv.allreduce(data(r, (5,)), "float32", SUM, ps=mine),
+        np.stack([data(k, (5,)) for k in mine_ranks]).sum(0),
+    )
+    expect(
+        "process set allgather",
+        hv.allgather(data(r, (1, 2)), "int32", ps=mine),
+        np.concatenate([data(k, (1, 2)) for k in mine_ranks]),
+    )
+    expect(
+        "process set broadcast",
+        hv.broadcast(data(r, (3,)), "float64", mine_ranks[-1], ps=mine),
+        data(mine_ranks[-1], (3,)),
+    )
     hv.barrier(mine)
     if odd_set is not None:
         other = odd_set if r % 2 == 0 else even_set

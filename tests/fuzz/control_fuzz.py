@@ -29,10 +29,38 @@ from typing import Any, Callable, Dict, List, Optional
 from fastps.control import ControlClient, FrameDecoder, compute_mac, encode_frame
 from fastps.scheduler import Scheduler
 
-WEIRD: List[Any] = [None, -1, 0, 1, 2, 2**70, -(2**70), 1.5, float("inf"), True, "", "x" * 5000,
-                    "\u0000", [], [1, -1], {}, {"a": 1}, "worker", "server"]
-REGISTER = {"type": "register", "role": "worker", "id": 0, "host": "127.0.0.1",
-            "hostname": "fz", "pid": 1, "data_addr": None, "num_workers": 2, "num_servers": 0}
+WEIRD: List[Any] = [
+    None,
+    -1,
+    0,
+    1,
+    2,
+    2**70,
+    -(2**70),
+    1.5,
+    float("inf"),
+    True,
+    "",
+    "x" * 5000,
+    "\u0000",
+    [],
+    [1, -1],
+    {},
+    {"a": 1},
+    "worker",
+    "server",
+]
+REGISTER = {
+    "type": "register",
+    "role": "worker",
+    "id": 0,
+    "host": "127.0.0.1",
+    "hostname": "fz",
+    "pid": 1,
+    "data_addr": None,
+    "num_workers": 2,
+    "num_servers": 0,
+}
 MESSAGES: List[Dict[str, Any]] = [
     REGISTER,
     {"type": "barrier", "name": "b"},
@@ -131,8 +159,18 @@ def garbage_frames(rng: random.Random) -> bytes:
     if kind == 4:  # a length followed by fewer bytes than it claims
         return struct.pack(">I", 100) + b"{" * rng.randrange(0, 99)
     if kind == 5:
-        body = rng.choice([b"\xff\xfe", b"[1,2]", b'"s"', b"{}", b'{"type": 5}', b"nul",
-                           b"[" * 5000, b'{"type":"auth"'])
+        body = rng.choice(
+            [
+                b"\xff\xfe",
+                b"[1,2]",
+                b'"s"',
+                b"{}",
+                b'{"type": 5}',
+                b"nul",
+                b"[" * 5000,
+                b'{"type":"auth"',
+            ]
+        )
         return struct.pack(">I", len(body)) + body
     if kind == 6:
         body = os.urandom(rng.randrange(1, 200))
@@ -164,8 +202,16 @@ class ControlFuzzer:
         self.counts: Dict[str, int] = {}
 
     def new_scheduler(self, num_workers: int = 2) -> Scheduler:
-        sched = Scheduler(num_workers, 0, "cf" + secrets.token_hex(3), secrets.token_hex(8),
-                          timeout=60.0, heartbeat_timeout=10.0, auth_timeout=1.0, grace=0.5)
+        sched = Scheduler(
+            num_workers,
+            0,
+            "cf" + secrets.token_hex(3),
+            secrets.token_hex(8),
+            timeout=60.0,
+            heartbeat_timeout=10.0,
+            auth_timeout=1.0,
+            grace=0.5,
+        )
         sched.start()
         return sched
 
@@ -175,8 +221,13 @@ class ControlFuzzer:
         c = RawClient(sched)
         try:
             kind = rng.randrange(5)
-            name = ["garbage_preauth", "bad_auth", "garbage_postauth", "invalid_msg",
-                    "msg_preauth"][kind]
+            name = [
+                "garbage_preauth",
+                "bad_auth",
+                "garbage_postauth",
+                "invalid_msg",
+                "msg_preauth",
+            ][kind]
             self.counts[name] = self.counts.get(name, 0) + 1
             if kind == 0:
                 c.raw(garbage_frames(rng))
@@ -206,8 +257,7 @@ class ControlFuzzer:
         def worker(rank: int) -> None:
             client = ControlClient(sched.address, sched.job_id, sched._token, timeout=20.0)
             try:
-                m = client.register("worker", rank, "127.0.0.1", "fz", num_workers=2,
-                                    num_servers=0)
+                m = client.register("worker", rank, "127.0.0.1", "fz", num_workers=2, num_servers=0)
                 assert len(m.workers) == 2
                 client.barrier("after-fuzz", timeout=20.0)
             except BaseException as exc:  # reported below
@@ -269,8 +319,9 @@ class ControlFuzzer:
                 else:
                     self.outsider_case(sched)
                     if sched.abort_reason is not None:
-                        raise AssertionError(f"case {done}: an outsider aborted the job: "
-                                             f"{sched.abort_reason}")
+                        raise AssertionError(
+                            f"case {done}: an outsider aborted the job: {sched.abort_reason}"
+                        )
                 if done % per_job == 0:
                     self.legit_job(sched)
                     sched = self.new_scheduler()

@@ -38,8 +38,21 @@ PUSH, RESULT, ERROR, FATAL, BYE, SHM_ATTACH = 1, 2, 3, 4, 5, 6
 FLAG_SHM = 1
 FLOAT32 = 0
 MAX_PART = 256 << 20
-FIELDS = ("magic", "type", "dtype", "flags", "sender", "part", "tensor", "len",
-          "tensor_bytes", "round", "shm_offset", "shm_segment", "pushers")
+FIELDS = (
+    "magic",
+    "type",
+    "dtype",
+    "flags",
+    "sender",
+    "part",
+    "tensor",
+    "len",
+    "tensor_bytes",
+    "round",
+    "shm_offset",
+    "shm_segment",
+    "pushers",
+)
 U64 = (1 << 64) - 1
 U32 = (1 << 32) - 1
 
@@ -52,16 +65,42 @@ INTERESTING: Dict[str, List[int]] = {
     "sender": [0, 1, 2, 3, 1000, U32],
     "part": [0, 1, U32],
     "tensor": [0, 1, U64],
-    "len": [0, 1, 2, 3, 4, 5, 7, 8, 12, 4096, MAX_PART - 4, MAX_PART, MAX_PART + 4,
-            1 << 31, 1 << 32, 1 << 63, U64 - 3, U64],
+    "len": [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        7,
+        8,
+        12,
+        4096,
+        MAX_PART - 4,
+        MAX_PART,
+        MAX_PART + 4,
+        1 << 31,
+        1 << 32,
+        1 << 63,
+        U64 - 3,
+        U64,
+    ],
     "tensor_bytes": [0, 1, 4, 8, U64],
     "round": [0, 1, 2, U64],
     "shm_offset": [0, 4096, 4095, (1 << 63), U64 - 4095],
     "shm_segment": [0, 1, 2, 1000, U32],
     "pushers": [0, 1, 2, 3, 1000, U32],
 }
-WIDTH = {"magic": U32, "type": 255, "dtype": 255, "flags": 0xFFFF, "sender": U32,
-         "part": U32, "shm_segment": U32, "pushers": U32}
+WIDTH = {
+    "magic": U32,
+    "type": 255,
+    "dtype": 255,
+    "flags": 0xFFFF,
+    "sender": U32,
+    "part": U32,
+    "shm_segment": U32,
+    "pushers": U32,
+}
 
 
 def pack(h: Dict[str, int]) -> bytes:
@@ -99,10 +138,19 @@ class Target:
         self.log_path = os.path.join("/tmp", f"fastps-fuzz-{self.job_id}.log")
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(here, "server_target.py"), self.job_id, self.token,
-             str(self.num_workers)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-            env=self.env)
+            [
+                sys.executable,
+                os.path.join(here, "server_target.py"),
+                self.job_id,
+                self.token,
+                str(self.num_workers),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self.env,
+        )
         log.close()
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -151,10 +199,21 @@ class Target:
 
 def valid_push(rng: random.Random, rank: int, n_elems: int) -> Dict[str, int]:
     n = n_elems * 4
-    return {"magic": FRAME_MAGIC, "type": PUSH, "dtype": FLOAT32, "flags": 0, "sender": rank,
-            "part": rng.randrange(4), "tensor": rng.getrandbits(64), "len": n,
-            "tensor_bytes": n * rng.choice([1, 2]), "round": 0, "shm_offset": 0,
-            "shm_segment": 0, "pushers": 0}
+    return {
+        "magic": FRAME_MAGIC,
+        "type": PUSH,
+        "dtype": FLOAT32,
+        "flags": 0,
+        "sender": rank,
+        "part": rng.randrange(4),
+        "tensor": rng.getrandbits(64),
+        "len": n,
+        "tensor_bytes": n * rng.choice([1, 2]),
+        "round": 0,
+        "shm_offset": 0,
+        "shm_segment": 0,
+        "pushers": 0,
+    }
 
 
 def mutate(rng: random.Random, h: Dict[str, int], fields: int) -> Dict[str, int]:
@@ -187,8 +246,11 @@ class Fuzzer:
     # ------------------------------------------------------------------ cases
     def case_mutated_header(self, s: socket.socket) -> None:
         rank = self.rng.randrange(self.t.num_workers)
-        h = mutate(self.rng, valid_push(self.rng, rank, self.rng.randrange(0, 64)),
-                   self.rng.choice([1, 1, 1, 2, 3]))
+        h = mutate(
+            self.rng,
+            valid_push(self.rng, rank, self.rng.randrange(0, 64)),
+            self.rng.choice([1, 1, 1, 2, 3]),
+        )
         body, _ = payload_for(self.rng, h)
         s.sendall(pack(h) + body)
 
@@ -244,18 +306,28 @@ class Fuzzer:
             mac = os.urandom(32)
         elif roll == 1:
             mac = self.t.mac(nonce, (rank + 1) & U32)
-        hello = HELLO.pack(self.rng.choice([HELLO_MAGIC, HELLO_MAGIC, 0, FRAME_MAGIC]), rank,
-                           self.rng.choice([0, 1, U32]), mac)
+        hello = HELLO.pack(
+            self.rng.choice([HELLO_MAGIC, HELLO_MAGIC, 0, FRAME_MAGIC]),
+            rank,
+            self.rng.choice([0, 1, U32]),
+            mac,
+        )
         s.sendall(hello[: self.rng.choice([HELLO.size, HELLO.size, self.rng.randrange(44)])])
 
     def case_garbage_before_auth(self, s: socket.socket) -> None:
         s.sendall(os.urandom(self.rng.randrange(0, 200)))
 
     AUTHED: List[Callable[[Fuzzer, socket.socket], None]] = [
-        case_mutated_header, case_mutated_header, case_mutated_header, case_every_length,
-        case_truncated_header, case_oversize, case_garbage_after_auth, case_sequence]
-    RAW: List[Callable[[Fuzzer, socket.socket], None]] = [
-        case_bad_hello, case_garbage_before_auth]
+        case_mutated_header,
+        case_mutated_header,
+        case_mutated_header,
+        case_every_length,
+        case_truncated_header,
+        case_oversize,
+        case_garbage_after_auth,
+        case_sequence,
+    ]
+    RAW: List[Callable[[Fuzzer, socket.socket], None]] = [case_bad_hello, case_garbage_before_auth]
 
     def one_case(self) -> None:
         raw = self.rng.random() < 0.1
@@ -289,8 +361,10 @@ class Fuzzer:
         n = 257
         tensor = (1 << 63) | self.rng.getrandbits(62)  # apart from the fuzz cases' ids
         socks = [self.t.authed(r, timeout=10.0) for r in range(self.t.num_workers)]
-        values = [[float(self.rng.randrange(-1000, 1000)) for _ in range(n)]
-                  for _ in range(self.t.num_workers)]
+        values = [
+            [float(self.rng.randrange(-1000, 1000)) for _ in range(n)]
+            for _ in range(self.t.num_workers)
+        ]
         want = [sum(col) for col in zip(*values)]
         try:
             for r, s in enumerate(socks):
@@ -329,16 +403,23 @@ class Fuzzer:
                     raise AssertionError(f"case {done}: server alive but {exc!r}") from exc
             if not self.t.alive():
                 self.t.proc.wait()
-                raise AssertionError(f"server died (exit {self.t.proc.returncode}) after case "
-                                     f"{done}:\n{self.t.log()[-3000:]}")
+                raise AssertionError(
+                    f"server died (exit {self.t.proc.returncode}) after case "
+                    f"{done}:\n{self.t.log()[-3000:]}"
+                )
             if deadline is not None and time.monotonic() > deadline:
                 break
         self.check_sums()
         return done
 
 
-def fuzz(cases: int, seed: int, env: Optional[Dict[str, str]] = None,
-         max_seconds: Optional[float] = None, num_workers: int = 2) -> Dict[str, object]:
+def fuzz(
+    cases: int,
+    seed: int,
+    env: Optional[Dict[str, str]] = None,
+    max_seconds: Optional[float] = None,
+    num_workers: int = 2,
+) -> Dict[str, object]:
     target = Target(num_workers=num_workers, env=env)
     target.start()
     t0 = time.monotonic()
@@ -353,9 +434,14 @@ def fuzz(cases: int, seed: int, env: Optional[Dict[str, str]] = None,
     if "ERROR: AddressSanitizer" in log or "runtime error:" in log:
         raise AssertionError(f"sanitizer report:\n{log[-6000:]}")
     os.unlink(target.log_path)
-    return {"cases": done, "seconds": round(time.monotonic() - t0, 1), "sum_checks": fz.checks,
-            "closed_by_server": fz.closed_by_server, "by_kind": fz.counts,
-            "server_error": out.strip()[:200]}
+    return {
+        "cases": done,
+        "seconds": round(time.monotonic() - t0, 1),
+        "sum_checks": fz.checks,
+        "closed_by_server": fz.closed_by_server,
+        "by_kind": fz.counts,
+        "server_error": out.strip()[:200],
+    }
 
 
 def main() -> None:

@@ -39,8 +39,10 @@ def main(paths: list) -> int:
     for path in sorted(paths):
         counts, failures = summarize(path)
         total = sum(counts.values())
-        print(f"{path}: {counts['passed']}/{total} passed, {counts['failed']} failed, "
-              f"{counts['error']} errors, {counts['skipped']} skipped")
+        print(
+            f"{path}: {counts['passed']}/{total} passed, {counts['failed']} failed, "
+            f"{counts['error']} errors, {counts['skipped']} skipped"
+        )
         if first_failures is None:
             first_failures = failures
     for name in first_failures or []:

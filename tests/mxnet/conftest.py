@@ -25,15 +25,22 @@ PLUGIN = ROOT / "plugins" / "mxnet"
 
 
 def _checkout_core_built() -> bool:
-    return any((CORE / f"_core{suffix}").exists()
-               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return any(
+        (CORE / f"_core{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
 
 
 def _strip(entries: List[str]) -> List[str]:
     """Drops path entries that map ``fastps`` to the bare core (no plugins)."""
-    return [e for e in entries
-            if not (e and (Path(e) / "fastps").is_symlink()
-                    and (Path(e) / "fastps").resolve() == CORE.resolve())]
+    return [
+        e
+        for e in entries
+        if not (
+            e
+            and (Path(e) / "fastps").is_symlink()
+            and (Path(e) / "fastps").resolve() == CORE.resolve()
+        )
+    ]
 
 
 def _overlay() -> Optional[str]:

@@ -43,8 +43,13 @@ def test_api_three_workers_two_servers() -> None:
 
 
 def test_api_single_process_without_launcher() -> None:
-    res = subprocess.run([sys.executable, str(WORKERS / "api_worker.py")], env=job_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(WORKERS / "api_worker.py")],
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-6000:]
     assert "API OK 0" in res.stdout

@@ -11,11 +11,23 @@ require_mxnet()
 
 CASES = {
     # case: words the error must contain
-    "broadcast_shape": ["broadcast_parameters", "differ", "rank 0", "float32[8]",
-                        "rank 1", "float32[9]", "dense0_bias"],
+    "broadcast_shape": [
+        "broadcast_parameters",
+        "differ",
+        "rank 0",
+        "float32[8]",
+        "rank 1",
+        "float32[9]",
+        "dense0_bias",
+    ],
     "broadcast_extra": ["broadcast_parameters", "rank 0 has 4", "rank 1 has 6"],
-    "trainer_shape": ["DistributedTrainer", "gradients differ", "dense0_bias", "float32[8]",
-                      "float32[9]"],
+    "trainer_shape": [
+        "DistributedTrainer",
+        "gradients differ",
+        "dense0_bias",
+        "float32[8]",
+        "float32[9]",
+    ],
     "trainer_extra": ["DistributedTrainer", "rank 0 has 4", "rank 1 has 6"],
     "kvstore_shape": ["mismatch", "kvstore.", "rank 0", "rank 1", "float32[8]", "float32[9]"],
     "kvstore_extra": ["mismatch", "kvstore.", "rank 0", "rank 1"],
@@ -27,8 +39,9 @@ CASES = {
 def test_mismatch_is_a_clear_error(case: str) -> None:
     start = time.monotonic()
     # A short operation timeout: should detection fail, the test ends instead of hanging.
-    res = fastpsrun(2, WORKERS / "mismatch_worker.py", case, timeout=90,
-                    env={"FASTPS_OP_TIMEOUT": "30"})
+    res = fastpsrun(
+        2, WORKERS / "mismatch_worker.py", case, timeout=90, env={"FASTPS_OP_TIMEOUT": "30"}
+    )
     elapsed = time.monotonic() - start
     out = res.stdout
     assert res.returncode != 0, out[-6000:]

@@ -10,8 +10,15 @@ from mxnet_jobs import EXAMPLES, WORKERS, fastpsrun, require_mxnet
 
 require_mxnet()
 
-ENTRIES = ["trainer", "trainer_fp16", "optimizer", "kvstore", "kvstore_local", "kvstore_str",
-           "module"]
+ENTRIES = [
+    "trainer",
+    "trainer_fp16",
+    "optimizer",
+    "kvstore",
+    "kvstore_local",
+    "kvstore_str",
+    "module",
+]
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -24,8 +31,13 @@ def test_matches_single_process(entry: str) -> None:
 
 def test_three_workers_two_servers_small_partitions() -> None:
     # Tensors cut into many parts spread over two servers.
-    res = fastpsrun(3, WORKERS / "train_worker.py", "trainer", num_servers=2,
-                    launcher_args=["--partition-bytes", "256"])
+    res = fastpsrun(
+        3,
+        WORKERS / "train_worker.py",
+        "trainer",
+        num_servers=2,
+        launcher_args=["--partition-bytes", "256"],
+    )
     assert res.returncode == 0, res.stdout[-6000:]
     assert res.stdout.count("TRAIN OK trainer") == 3, res.stdout[-6000:]
 

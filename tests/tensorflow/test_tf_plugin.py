@@ -23,8 +23,9 @@ def test_every_function_on_every_dtype() -> None:
     _ok(fastpsrun(2, [str(WORKERS / "tf_api_worker.py")]), 2)
 
 
-@pytest.mark.parametrize("n,modes", [(2, "tape,tape-eager,tape-grouped,fit,fit-grouped"),
-                                     (3, "tape,fit")])
+@pytest.mark.parametrize(
+    "n,modes", [(2, "tape,tape-eager,tape-grouped,fit,fit-grouped"), (3, "tape,fit")]
+)
 def test_training_equals_single_process(n: int, modes: str) -> None:
     """N workers, each on its slice of every batch, end with the weights one process gets
     on the whole batches: DistributedGradientTape in tf.function (one op pair per gradient,
@@ -37,22 +38,34 @@ def test_training_equals_single_process(n: int, modes: str) -> None:
     assert len(diffs) == len(modes.split(",")), tail(p)
 
 
-@pytest.mark.parametrize("mode,expect", [
-    ("tape-shape", r"gradients reduced by DistributedGradientTape differ between workers: "
-                   r"rank 0 has 4 and rank 1 has 4; the first difference is rank 0 "
-                   r"#0 '\S*kernel' float32\[8, 16\] vs rank 1 #0 '\S*kernel' float32\[8, 17\]"),
-    ("fit-layers", r"gradients reduced by DistributedOptimizer differ between workers: "
-                   r"rank 0 has 4 and rank 1 has 6"),
-    ("broadcast-count", r"variables passed to broadcast_variables\('keras.broadcast.model'\) "
-                        r"differ between workers: rank 0 has 4 and rank 1 has 6"),
-], ids=["tape-shape", "fit-layers", "broadcast-count"])
+@pytest.mark.parametrize(
+    "mode,expect",
+    [
+        (
+            "tape-shape",
+            r"gradients reduced by DistributedGradientTape differ between workers: "
+            r"rank 0 has 4 and rank 1 has 4; the first difference is rank 0 "
+            r"#0 '\S*kernel' float32\[8, 16\] vs rank 1 #0 '\S*kernel' float32\[8, 17\]",
+        ),
+        (
+            "fit-layers",
+            r"gradients reduced by DistributedOptimizer differ between workers: "
+            r"rank 0 has 4 and rank 1 has 6",
+        ),
+        (
+            "broadcast-count",
+            r"variables passed to broadcast_variables\('keras.broadcast.model'\) "
+            r"differ between workers: rank 0 has 4 and rank 1 has 6",
+        ),
+    ],
+    ids=["tape-shape", "fit-layers", "broadcast-count"],
+)
 def test_mismatched_models_fail_fast(mode: str, expect: str) -> None:
     """A model that differs between workers stops the job at the first step with an error
     naming the difference, on every worker, instead of hanging."""
     t0 = time.monotonic()
     # Were the check missing, the job would end only at the operation timeout (100 s).
-    p = fastpsrun(2, [str(WORKERS / "tf_mismatch_worker.py"), mode], timeout=180,
-                  op_timeout=100)
+    p = fastpsrun(2, [str(WORKERS / "tf_mismatch_worker.py"), mode], timeout=180, op_timeout=100)
     elapsed = time.monotonic() - t0
     assert p.returncode != 0, tail(p)
     assert "finished without an error" not in p.stdout, tail(p)

@@ -23,11 +23,29 @@ def test_collectives_every_dtype(subprocess_env: Dict[str, str]) -> None:
     and the optimizer API on every dtype the core supports."""
     res = fastpsrun(WORKERS / "api_ops.py", env=subprocess_env)
     assert res.returncode == 0, res.stdout[-6000:]
-    for dtype in ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32",
-                  "int64", "uint8", "bool"):
+    for dtype in (
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+    ):
         assert len(lines_of(res.stdout, f"dtype {dtype} OK")) == 2, dtype
-    for check in ("compression", "objects", "autograd", "errors", "join/barrier",
-                  "broadcast_parameters", "optimizer api", "ALL"):
+    for check in (
+        "compression",
+        "objects",
+        "autograd",
+        "errors",
+        "join/barrier",
+        "broadcast_parameters",
+        "optimizer api",
+        "ALL",
+    ):
         assert len(lines_of(res.stdout, f"{check} OK")) == 2, (check, res.stdout[-3000:])
 
 
@@ -40,8 +58,9 @@ def test_collectives_every_dtype(subprocess_env: Dict[str, str]) -> None:
         ("allreduce", "op 'layer.weight': mismatched shape: rank 0 has [5], rank 1 has [6]"),
     ],
 )
-def test_mismatched_models_raise_not_hang(subprocess_env: Dict[str, str], mode: str,
-                                          fragment: str) -> None:
+def test_mismatched_models_raise_not_hang(
+    subprocess_env: Dict[str, str], mode: str, fragment: str
+) -> None:
     """Every rank gets a FastPSError naming the tensor, within seconds, and the job goes
     on: the next op works."""
     res = fastpsrun(WORKERS / "mismatch.py", mode, env=subprocess_env, timeout=90)
@@ -54,11 +73,11 @@ def test_mismatched_models_raise_not_hang(subprocess_env: Dict[str, str], mode: 
     assert res.returncode == 0, res.stdout[-4000:]
 
 
-def test_single_process_without_launcher(subprocess_env: Dict[str, str],
-                                         tmp_path: Path) -> None:
+def test_single_process_without_launcher(subprocess_env: Dict[str, str], tmp_path: Path) -> None:
     """Without fastpsrun, init() runs alone: collectives return their input."""
     script = tmp_path / "alone.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         import fastps.torch as hvd
         hvd.init()
@@ -76,9 +95,16 @@ def test_single_process_without_launcher(subprocess_env: Dict[str, str],
         model(torch.ones(1, 2)).sum().backward()
         opt.step()
         print("ALONE OK")
-    """))
-    res = subprocess.run([sys.executable, str(script)], env=subprocess_env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    """)
+    )
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        env=subprocess_env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=120,
+    )
     assert res.returncode == 0 and "ALONE OK" in res.stdout, res.stdout[-3000:]
 
 
@@ -103,8 +129,14 @@ def test_forward_order_recorder_unit() -> None:
     assert order.learning
     net(torch.ones(1, 3))
     ranked = order.ranked(params)
-    want = [net.first.weight, net.first.bias, net.last.weight, net.last.bias,
-            net.unused.weight, net.unused.bias]
+    want = [
+        net.first.weight,
+        net.first.bias,
+        net.last.weight,
+        net.last.bias,
+        net.unused.weight,
+        net.unused.bias,
+    ]
     assert [id(p) for p in ranked] == [id(p) for p in want]
     assert order.position(net.unused.weight) is None
     order.stop()

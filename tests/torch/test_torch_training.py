@@ -23,8 +23,7 @@ def test_two_workers_match_one_process(subprocess_env: Dict[str, str], optimizer
     assert len(lines_of(res.stdout, "ORDER OK")) == 4
 
 
-def test_checkpoint_restored_on_every_rank(subprocess_env: Dict[str, str],
-                                           tmp_path: Path) -> None:
+def test_checkpoint_restored_on_every_rank(subprocess_env: Dict[str, str], tmp_path: Path) -> None:
     """Only rank 0 loads the checkpoint; broadcast_parameters + broadcast_optimizer_state
     give every rank the same model, per-parameter state (including Adam's step) and
     param-group hyperparameters (lr)."""
@@ -51,11 +50,18 @@ def test_cross_barrier_equals_synchronous(subprocess_env: Dict[str, str]) -> Non
     used outside its module while its update pends is an error naming it."""
     res = fastpsrun(WORKERS / "cross_barrier_equiv.py", env=subprocess_env, timeout=300)
     assert res.returncode == 0, res.stdout[-6000:]
-    for name in ("sgd-momentum-steplr", "adam-passes2-zero-in-place", "adamw-clip",
-                 "sgd-gradscaler", "rmsprop-skip-layer", "sgd-two-groups"):
+    for name in (
+        "sgd-momentum-steplr",
+        "adam-passes2-zero-in-place",
+        "adamw-clip",
+        "sgd-gradscaler",
+        "rmsprop-skip-layer",
+        "sgd-two-groups",
+    ):
         assert len(lines_of(res.stdout, f"EQUIV OK {name}")) == 2, res.stdout[-6000:]
-    in_forward = [int(line.rsplit("in_forward=", 1)[1])
-                  for line in lines_of(res.stdout, "DEFERRED ")]
+    in_forward = [
+        int(line.rsplit("in_forward=", 1)[1]) for line in lines_of(res.stdout, "DEFERRED ")
+    ]
     assert len(in_forward) == 12 and sum(in_forward) > 0, res.stdout[-6000:]
     assert len(lines_of(res.stdout, "FALLBACK OK")) == 2
     assert len(lines_of(res.stdout, "GC FROZEN OK")) == 2

@@ -23,14 +23,30 @@ def fastpsrun(
 ) -> subprocess.CompletedProcess:
     """Runs ``script`` as ``np`` workers with one server and returns the finished process
     (stdout and stderr together in ``.stdout``)."""
-    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(np), *(launcher_args or []),
-           sys.executable, str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastps.launcher",
+        "-np",
+        str(np),
+        *(launcher_args or []),
+        sys.executable,
+        str(script),
+        *args,
+    ]
     run_env = dict(env if env is not None else os.environ)
     run_env.setdefault("PYTHONUNBUFFERED", "1")
     # Several workers share few cores: one torch thread each keeps them from fighting.
     run_env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.run(cmd, env=run_env, cwd=str(REPO), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd,
+        env=run_env,
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def lines_of(output: str, marker: str) -> List[str]:

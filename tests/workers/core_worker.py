@@ -14,8 +14,18 @@ import fastps
 import numpy as np
 from fastps import api
 
-DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8",
-          "int16", "bool"]
+DTYPES = [
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int32",
+    "int64",
+    "uint8",
+    "int8",
+    "int16",
+    "bool",
+]
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -66,13 +76,23 @@ def expected(dtype: str, n: int, size: int, it: int, salt: int, average: bool) -
 def check(name: str, got: np.ndarray, want: np.ndarray, dtype: str) -> None:
     if dtype == "bfloat16":
         got = bf16_to_f32(got)
-    ok = np.array_equal(got, want) if dtype == "bool" else np.allclose(
-        got.astype(np.float64), want, rtol=1e-2 if dtype in ("float16", "bfloat16") else 1e-6,
-        atol=1e-2)
+    ok = (
+        np.array_equal(got, want)
+        if dtype == "bool"
+        else np.allclose(
+            got.astype(np.float64),
+            want,
+            rtol=1e-2 if dtype in ("float16", "bfloat16") else 1e-6,
+            atol=1e-2,
+        )
+    )
     if not ok:
         bad = np.flatnonzero(~np.isclose(got.astype(np.float64), np.asarray(want, np.float64)))
-        print(f"rank {fastps.rank()}: WRONG {name}: first bad index {bad[:5]} "
-              f"got {got.flat[bad[:5]]} want {np.asarray(want).flat[bad[:5]]}", flush=True)
+        print(
+            f"rank {fastps.rank()}: WRONG {name}: first bad index {bad[:5]} "
+            f"got {got.flat[bad[:5]]} want {np.asarray(want).flat[bad[:5]]}",
+            flush=True,
+        )
         sys.exit(3)
 
 
@@ -94,8 +114,12 @@ def matrix(iters: int) -> None:
                     got = fastps.push_pull(x, average=average, name=name, out=x, dtype=as_dt)
                 else:
                     got = fastps.push_pull(x, average=average, name=name, dtype=as_dt)
-                check(f"{name} it {it} avg {average}", got,
-                      expected(dtype, n, size, it, salt, average), dtype)
+                check(
+                    f"{name} it {it} avg {average}",
+                    got,
+                    expected(dtype, n, size, it, salt, average),
+                    dtype,
+                )
 
 
 def many(iters: int, count: int) -> None:
@@ -103,8 +127,10 @@ def many(iters: int, count: int) -> None:
     size, rank = fastps.size(), fastps.rank()
     for it in range(iters):
         xs = [make("float32", 1 + (j % 37), rank, it, j) for j in range(count)]
-        hs = [fastps.push_pull_async(x, average=False, name=f"m{j}", priority=j % 5)
-              for j, x in enumerate(xs)]
+        hs = [
+            fastps.push_pull_async(x, average=False, name=f"m{j}", priority=j % 5)
+            for j, x in enumerate(xs)
+        ]
         for j in reversed(range(count)):
             got = hs[j].synchronize()
             check(f"m{j}", got, expected("float32", 1 + (j % 37), size, it, j, False), "float32")
@@ -118,8 +144,12 @@ def out_of_order() -> None:
     for j in order:
         while not hs[j].poll():
             time.sleep(0.001)
-        check(f"o{j}", hs[j].synchronize(), expected("float32", 50_000 * (j + 1), size, 0, j,
-                                                      False), "float32")
+        check(
+            f"o{j}",
+            hs[j].synchronize(),
+            expected("float32", 50_000 * (j + 1), size, 0, j, False),
+            "float32",
+        )
     # broadcast from the last rank, anonymous names matched by call order
     root = size - 1
     b = np.full(10, rank, dtype=np.int64)

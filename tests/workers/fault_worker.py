@@ -92,8 +92,7 @@ def main() -> None:
             with socket.create_connection((sh, int(sp))) as s:  # garbage to the scheduler
                 s.sendall(b"\xff" * 64)
         for i in range(20):
-            got = fastps.push_pull(np.full(5000, rank + i, np.float32), average=False,
-                                   name="after")
+            got = fastps.push_pull(np.full(5000, rank + i, np.float32), average=False, name="after")
             want = sum(r + i for r in range(fastps.size()))
             assert np.all(got == want), (got[:4], want)
         print("HOSTILE-OK", flush=True)

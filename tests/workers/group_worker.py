@@ -42,14 +42,19 @@ def main() -> int:
         tensors = [np.full(s, float(rank + 1 + it), dtype=np.float32) for s in sizes]
         outs = [t if i % 2 else None for i, t in enumerate(tensors)]
         handles = fastps.grouped_push_pull_async(
-            tensors, average=False, names=names, priorities=[-i for i in range(len(sizes))],
-            outs=outs)
+            tensors,
+            average=False,
+            names=names,
+            priorities=[-i for i in range(len(sizes))],
+            outs=outs,
+        )
         for i, h in enumerate(handles):
             check(h.synchronize(), total + n * it, f"rank {rank} group tensor g{i} round {it}")
         if any(h.poll() is not True for h in handles):
             raise AssertionError("a synchronized handle does not poll as done")
-    avg = fastps.grouped_push_pull([np.full(5, float(rank + 1), dtype=np.float64)], average=True,
-                                   names=["avg"])
+    avg = fastps.grouped_push_pull(
+        [np.full(5, float(rank + 1), dtype=np.float64)], average=True, names=["avg"]
+    )
     check(avg[0], total / n, "grouped average")
 
     # 2. submission_batch: synchronizing inside the block starts what was collected.
@@ -77,8 +82,9 @@ def main() -> int:
     core = api._st().worker
     row = (a.ctypes.data, a.ctypes.data, a.nbytes, "float32")
     try:
-        core.push_pull_group([(*row, "free", 0, 1.0), (*row, "free2", 0, 1.0),
-                              (*row, "free", 0, 1.0)])
+        core.push_pull_group(
+            [(*row, "free", 0, 1.0), (*row, "free2", 0, 1.0), (*row, "free", 0, 1.0)]
+        )
     except RuntimeError as exc:
         if "'free'" not in str(exc) or "in flight" not in str(exc):
             raise AssertionError(f"core error does not name 'free': {exc}") from None

@@ -29,8 +29,9 @@ def large_reversed(mode: str) -> int:
         for i in order:
             x = np.full(sizes[i], float(rank + 1 + i + it), dtype=np.float32)
             prio = i if mode == "large-priority" else 0
-            handles.append((i, fastps.push_pull_async(x, average=False, name=f"big{i}",
-                                                       priority=prio)))
+            handles.append(
+                (i, fastps.push_pull_async(x, average=False, name=f"big{i}", priority=prio))
+            )
         for i, h in handles:
             out = h.synchronize()
             want = sum(float(r + 1 + i + it) for r in range(size))
@@ -70,23 +71,26 @@ def main() -> int:
     rank, size = fastps.rank(), fastps.size()
     sizes = [1 + (i * 7919) % 40000 for i in range(60)]
     for it in range(3):
-        tensors = [np.full(n, float(rank + 1 + i + it), dtype=np.float32)
-                   for i, n in enumerate(sizes)]
+        tensors = [
+            np.full(n, float(rank + 1 + i + it), dtype=np.float32) for i, n in enumerate(sizes)
+        ]
         order = list(range(len(sizes)))
         random.Random(rank * 1000 + it).shuffle(order)  # a different order on every worker
         handles = []
         for j, i in enumerate(order):
             prio = -i if mode == "priority" else 0
-            handles.append((i, fastps.push_pull_async(tensors[i], average=False, name=f"t{i}",
-                                                       priority=prio)))
+            handles.append(
+                (i, fastps.push_pull_async(tensors[i], average=False, name=f"t{i}", priority=prio))
+            )
             if j % (7 + rank) == 0:
                 time.sleep(0.002 * (rank + 1))  # skew the workers' timing too
         for i, h in handles:
             out = h.synchronize()
             want = sum(float(r + 1 + i + it) for r in range(size))
             if not np.all(out == want):
-                print(f"WRONG SUM rank {rank} tensor t{i} iter {it}: {out[:3]} != {want}",
-                      flush=True)
+                print(
+                    f"WRONG SUM rank {rank} tensor t{i} iter {it}: {out[:3]} != {want}", flush=True
+                )
                 return 1
     print(f"ORDER-OK rank {rank}", flush=True)
     fastps.shutdown()

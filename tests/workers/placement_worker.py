@@ -13,8 +13,11 @@ def main() -> None:
     fastps.init()
     rank, size = fastps.rank(), fastps.size()
     print("WEIGHTS " + json.dumps(api.server_weights()), flush=True)
-    print(f"LOCAL {fastps.local_rank()} {fastps.local_size()} {fastps.cross_rank()} "
-          f"{fastps.cross_size()}", flush=True)
+    print(
+        f"LOCAL {fastps.local_rank()} {fastps.local_size()} {fastps.cross_rank()} "
+        f"{fastps.cross_size()}",
+        flush=True,
+    )
     sizes = [1, 1000, 70_000, 300_001, 1 << 20]
     for it in range(3):
         hs = []

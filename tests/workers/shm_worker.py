@@ -65,8 +65,7 @@ def main() -> None:
         try:
             sums(1000)
         except fastps.FastPSError as exc:
-            print(f"ERROR-SEEN {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}",
-                  flush=True)
+            print(f"ERROR-SEEN {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
             sys.exit(17)
     elif mode == "mismatch":
         sums(1)
@@ -75,8 +74,7 @@ def main() -> None:
         try:
             fastps.push_pull(np.ones(shape, np.float32), name="fc.weight")
         except fastps.FastPSError as exc:
-            print(f"ERROR-SEEN {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}",
-                  flush=True)
+            print(f"ERROR-SEEN {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}", flush=True)
             sys.exit(17)
     fastps.shutdown()
 

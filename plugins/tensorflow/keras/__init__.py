@@ -1,11 +1,11 @@
 """fastps for Keras 3 (TensorFlow backend): ``horovod.tensorflow.keras``'s names.
 
-    import fastps.tensorflow.keras as hvd
-    hvd.init()
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size())),
-                  loss=..., metrics=[...])
-    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                               hvd.callbacks.MetricAverageCallback()])
+import fastps.tensorflow.keras as hvd
+hvd.init()
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size())),
+              loss=..., metrics=[...])
+model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                           hvd.callbacks.MetricAverageCallback()])
 """
 
 from __future__ import annotations

@@ -43,14 +43,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast(self) -> None:
         model = self.model
         if not self._model_done:
-            O.broadcast_variables(model.weights, self.root_rank,
-                                  name="keras.broadcast.model")
+            O.broadcast_variables(model.weights, self.root_rank, name="keras.broadcast.model")
             self._model_done = True
         if not self._optimizer_done:
             variables = _optimizer_variables(getattr(model, "optimizer", None))
             if variables:
-                O.broadcast_variables(variables, self.root_rank,
-                                      name="keras.broadcast.optimizer")
+                O.broadcast_variables(variables, self.root_rank, name="keras.broadcast.optimizer")
                 self._optimizer_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -82,11 +80,15 @@ class MetricAverageCallback(keras.callbacks.Callback):
         keys = sorted(k for k, v in logs.items() if _is_number(v))
         if not keys:
             return
-        E.check_same_everywhere("keras.metric_average", E.Group(keys, keys),
-                                "the metric names MetricAverageCallback averages")
+        E.check_same_everywhere(
+            "keras.metric_average",
+            E.Group(keys, keys),
+            "the metric names MetricAverageCallback averages",
+        )
         values = np.array([float(np.asarray(logs[k])) for k in keys], dtype=np.float64)
-        averaged = E.push_pull_numpy(values, f"keras.metric_average.{E.digest(keys)}",
-                                     scale=1.0 / _api.size())
+        averaged = E.push_pull_numpy(
+            values, f"keras.metric_average.{E.digest(keys)}", scale=1.0 / _api.size()
+        )
         for k, v in zip(keys, averaged):
             logs[k] = float(v)
 
@@ -114,9 +116,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     must be a plain number, not a schedule.
     """
 
-    def __init__(self, initial_lr: Optional[float] = None, warmup_epochs: float = 5,
-                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
-                 verbose: int = 0) -> None:
+    def __init__(
+        self,
+        initial_lr: Optional[float] = None,
+        warmup_epochs: float = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: Optional[int] = None,
+        verbose: int = 0,
+    ) -> None:
         super().__init__()
         if warmup_epochs <= 0:
             raise ValueError("warmup_epochs must be positive")
@@ -158,8 +165,10 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         if self.steps_per_epoch is None:
             steps = (self.params or {}).get("steps")
             if not steps:
-                raise ValueError("LearningRateWarmupCallback: pass steps_per_epoch (Keras does "
-                                 "not know the number of steps of this dataset)")
+                raise ValueError(
+                    "LearningRateWarmupCallback: pass steps_per_epoch (Keras does "
+                    "not know the number of steps of this dataset)"
+                )
             self.steps_per_epoch = int(steps)
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -179,7 +188,10 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             self._set_lr(self.initial_lr)
             self._finished = True
             if self.verbose and _api.rank() == 0:
-                print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
-                      f"{self.initial_lr:g}.", flush=True)
+                print(
+                    f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                    f"{self.initial_lr:g}.",
+                    flush=True,
+                )
         if logs is not None:
             logs["learning_rate"] = self._current_lr()

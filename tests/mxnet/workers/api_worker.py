@@ -59,12 +59,16 @@ def check_dtype(dtype: str, r: int, n: int) -> None:
     mine = value(dtype, r)
     x = nd(mine)
     # out of place: sum and average; the input is left alone
-    check(hvd.allreduce(x, average=False, name=f"sum.{dtype}"), total(dtype, n),
-          f"allreduce sum {dtype}")
+    check(
+        hvd.allreduce(x, average=False, name=f"sum.{dtype}"),
+        total(dtype, n),
+        f"allreduce sum {dtype}",
+    )
     check(x, mine, f"allreduce input untouched {dtype}")
     check(hvd.allreduce(x, name=f"avg.{dtype}"), average(dtype, n), f"allreduce avg {dtype}")
-    check(hvd.push_pull(x, average=False, name=f"pp.{dtype}"), total(dtype, n),
-          f"push_pull {dtype}")
+    check(
+        hvd.push_pull(x, average=False, name=f"pp.{dtype}"), total(dtype, n), f"push_pull {dtype}"
+    )
     # in place
     y = nd(mine)
     out = hvd.allreduce_(y, average=False, name=f"sum_.{dtype}")
@@ -81,13 +85,15 @@ def check_dtype(dtype: str, r: int, n: int) -> None:
         assert hvd.poll(h)
         check(hvd.synchronize(h), total(dtype, n), f"allreduce_async {dtype}")
     # grouped
-    for got in hvd.grouped_allreduce([nd(mine), nd(mine)], average=False,
-                                     name=f"group.{dtype}"):
+    for got in hvd.grouped_allreduce([nd(mine), nd(mine)], average=False, name=f"group.{dtype}"):
         check(got, total(dtype, n), f"grouped_allreduce {dtype}")
     # broadcast from the last rank, out of place and in place
     root = n - 1
-    check(hvd.broadcast(x, root_rank=root, name=f"bc.{dtype}"), value(dtype, root),
-          f"broadcast {dtype}")
+    check(
+        hvd.broadcast(x, root_rank=root, name=f"bc.{dtype}"),
+        value(dtype, root),
+        f"broadcast {dtype}",
+    )
     check(x, mine, f"broadcast input untouched {dtype}")
     z = nd(mine)
     assert hvd.broadcast_(z, root_rank=0, name=f"bc_.{dtype}") is z
@@ -99,8 +105,11 @@ def check_dtype(dtype: str, r: int, n: int) -> None:
     want = np.concatenate([value(dtype, q)[: q % 3 + 1] for q in range(n)])
     check(hvd.allgather(rows, name=f"gather.{dtype}"), want, f"allgather {dtype}")
     # empty tensors
-    check(hvd.allreduce(nd(np.zeros((0, 4), dtype=dtype)), name=f"empty.{dtype}"),
-          np.zeros((0, 4), dtype=dtype), f"empty {dtype}")
+    check(
+        hvd.allreduce(nd(np.zeros((0, 4), dtype=dtype)), name=f"empty.{dtype}"),
+        np.zeros((0, 4), dtype=dtype),
+        f"empty {dtype}",
+    )
     # a view into a larger array (NDArray slices along the first axis share memory)
     big = nd(np.stack([mine, mine]))
     hvd.allreduce_(big[1], average=False, name=f"view.{dtype}")
@@ -111,14 +120,16 @@ def check_dtype(dtype: str, r: int, n: int) -> None:
 def check_floats(r: int, n: int) -> None:
     x = mx.nd.ones((4,)) * (r + 1)
     s = n * (n + 1) / 2
-    got = hvd.allreduce(x, average=False, prescale_factor=2.0, postscale_factor=0.5,
-                        name="scaled")
+    got = hvd.allreduce(x, average=False, prescale_factor=2.0, postscale_factor=0.5, name="scaled")
     check(got, np.full(4, s, np.float32), "pre/postscale")
     # ops queued on MXNet's engine before the call are waited for
     a = mx.nd.ones((256, 256))
     b = mx.nd.dot(a, a) * (r + 1)  # asynchronous in MXNet's engine
-    check(hvd.allreduce(b, average=False, name="engine"),
-          np.full((256, 256), 256.0 * s, np.float32), "engine dependency")
+    check(
+        hvd.allreduce(b, average=False, name="engine"),
+        np.full((256, 256), 256.0 * s, np.float32),
+        "engine dependency",
+    )
     c = mx.nd.zeros((256, 256))
     hvd.allreduce_(c, average=False, name="engine2")
     c += 1  # the engine must see the result written by fastps

@@ -39,8 +39,9 @@ def values(net: gluon.Block) -> List[np.ndarray]:
     return [p.data().asnumpy() for p in net.collect_params().values()]
 
 
-def gluon_train(net: gluon.Block, trainer: gluon.Trainer, xs: np.ndarray, ys: np.ndarray,
-                step_size: int) -> None:
+def gluon_train(
+    net: gluon.Block, trainer: gluon.Trainer, xs: np.ndarray, ys: np.ndarray, step_size: int
+) -> None:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for x, y in zip(xs, ys):
         with autograd.record():
@@ -81,8 +82,13 @@ def main() -> int:
         got = module_params(xs[:, mine], ys[:, mine], mx.kv.create("fastps"), 42 + r)
     else:
         ref = make_net(42)
-        gluon_train(ref, gluon.Trainer(ref.collect_params(), "sgd", dict(OPT), kvstore=None),
-                    xs, ys, n * BATCH)
+        gluon_train(
+            ref,
+            gluon.Trainer(ref.collect_params(), "sgd", dict(OPT), kvstore=None),
+            xs,
+            ys,
+            n * BATCH,
+        )
         want = values(ref)
 
         # DistributedTrainer/Optimizer runs start from different parameters on each rank:
@@ -105,8 +111,9 @@ def main() -> int:
         elif entry in ("kvstore", "kvstore_local", "kvstore_str"):
             kv = "dist_sync_fastps" if entry == "kvstore_str" else mx.kv.create("fastps")
             update_on_kvstore = False if entry == "kvstore_local" else None
-            trainer = gluon.Trainer(params, "sgd", dict(OPT), kvstore=kv,
-                                    update_on_kvstore=update_on_kvstore)
+            trainer = gluon.Trainer(
+                params, "sgd", dict(OPT), kvstore=kv, update_on_kvstore=update_on_kvstore
+            )
             step = BATCH * n  # the store sums over workers, as dist_sync does
         else:
             raise SystemExit(f"unknown entry {entry}")
@@ -122,14 +129,18 @@ def main() -> int:
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
         worst = max(worst, float(np.abs(g - w).max()))
-        assert np.allclose(g, w, rtol=tol, atol=tol), \
+        assert np.allclose(g, w, rtol=tol, atol=tol), (
             f"{entry}: parameter {i} differs from single-process training by {np.abs(g - w).max()}"
+        )
     # and every worker holds the same parameters
     for i, g in enumerate(got):
         every = hvd.allgather(mx.nd.array(g[None]), name=f"same.{i}").asnumpy()
         assert all(np.allclose(every[0], every[q], atol=1e-6) for q in range(n)), i
-    moved = max(float(np.abs(a - b).max()) for a, b in zip(want, values(make_net(42)))) \
-        if entry != "module" else 1.0
+    moved = (
+        max(float(np.abs(a - b).max()) for a, b in zip(want, values(make_net(42))))
+        if entry != "module"
+        else 1.0
+    )
     assert moved > 1e-3, "training did not change the parameters"
     print(f"TRAIN OK {entry} {r} {worst:.2e}", flush=True)
     hvd.shutdown()

@@ -20,8 +20,18 @@ import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
-DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16,
-          tf.int32, tf.int64, tf.bool]
+DTYPES = [
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.int8,
+    tf.uint8,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.bool,
+]
 
 
 def value(r: int, dtype: tf.DType, rows: int = 2) -> np.ndarray:
@@ -34,8 +44,11 @@ def value(r: int, dtype: tf.DType, rows: int = 2) -> np.ndarray:
 def close(got: Any, want: np.ndarray, what: str) -> None:
     got = np.asarray(got.numpy() if hasattr(got, "numpy") else got)
     assert got.shape == want.shape, (what, got.shape, want.shape)
-    ok = (np.array_equal(got, want) if want.dtype.kind in "biu"
-          else np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2))
+    ok = (
+        np.array_equal(got, want)
+        if want.dtype.kind in "biu"
+        else np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2)
+    )
     assert ok, (what, got, want)
 
 
@@ -66,8 +79,11 @@ def check_collectives(r: int, n: int) -> None:
         if dtype != tf.bool:
             # Even sum so the (truncating) integer average is exact.
             even = tf.constant(value(0, dtype) * 2 if dtype.is_integer else value(r, dtype))
-            want = (value(0, dtype) * 2 if dtype.is_integer
-                    else (total / n).astype(dtype.as_numpy_dtype))
+            want = (
+                value(0, dtype) * 2
+                if dtype.is_integer
+                else (total / n).astype(dtype.as_numpy_dtype)
+            )
             for out in both_modes(lambda t, tag=tag: hvd.allreduce(t, name=f"avg.{tag}"), even):
                 close(out, np.asarray(want), f"average {tag}")
 
@@ -100,8 +116,12 @@ def check_options(r: int, n: int) -> None:
     total = sum(value(q, tf.float32) for q in range(n))
     for dtype in (tf.float32, tf.float64):
         xc = tf.cast(x, dtype)
-        for out in both_modes(lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"fp16.{t.dtype.name}",
-                                                    compression=hvd.Compression.fp16), xc):
+        for out in both_modes(
+            lambda t: hvd.allreduce(
+                t, op=hvd.Sum, name=f"fp16.{t.dtype.name}", compression=hvd.Compression.fp16
+            ),
+            xc,
+        ):
             assert out.dtype == dtype
             close(out, total.astype(dtype.as_numpy_dtype), "fp16 compression")
     out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="scaled")
@@ -125,12 +145,16 @@ def check_options(r: int, n: int) -> None:
     close(g, want, "allgather grad")
 
     # IndexedSlices are gathered: every worker's rows appear, values averaged.
-    slices = tf.IndexedSlices(tf.constant([[float(r + 1)] * 2]), tf.constant([r]),
-                              dense_shape=tf.constant([n, 2]))
+    slices = tf.IndexedSlices(
+        tf.constant([[float(r + 1)] * 2]), tf.constant([r]), dense_shape=tf.constant([n, 2])
+    )
     out = hvd.allreduce(slices, name="sparse")
     assert isinstance(out, tf.IndexedSlices)
-    close(tf.convert_to_tensor(out), np.array([[(q + 1) / n] * 2 for q in range(n)], np.float32),
-          "indexed slices")
+    close(
+        tf.convert_to_tensor(out),
+        np.array([[(q + 1) / n] * 2 for q in range(n)], np.float32),
+        "indexed slices",
+    )
 
     try:
         hvd.allreduce(tf.constant([1, 2], tf.uint32), name="bad-dtype")
@@ -150,8 +174,9 @@ def check_options(r: int, n: int) -> None:
 def check_broadcasts(r: int, n: int) -> None:
     root = n - 1
     # Plain tf.Variables of several dtypes, eagerly.
-    vs = [tf.Variable(tf.constant(value(r, d))) for d in (tf.float32, tf.int64, tf.bool,
-                                                          tf.bfloat16)]
+    vs = [
+        tf.Variable(tf.constant(value(r, d))) for d in (tf.float32, tf.int64, tf.bool, tf.bfloat16)
+    ]
     hvd.broadcast_variables(vs, root_rank=root)
     for v, d in zip(vs, (tf.float32, tf.int64, tf.bool, tf.bfloat16)):
         close(v, value(root, d), f"broadcast_variables {d.name}")
@@ -174,8 +199,7 @@ def check_broadcasts(r: int, n: int) -> None:
     obj = hvd.broadcast_object({"rank": r, "list": list(range(r + 3))}, root_rank=root)
     assert obj == {"rank": root, "list": list(range(root + 3))}, obj
     assert hvd.allgather_object(("r", r)) == [("r", q) for q in range(n)]
-    print("broadcast_variables (eager, graph), broadcast_object, allgather_object: ok",
-          flush=True)
+    print("broadcast_variables (eager, graph), broadcast_object, allgather_object: ok", flush=True)
 
 
 def check_callbacks(r: int, n: int) -> None:
@@ -203,8 +227,14 @@ def check_callbacks(r: int, n: int) -> None:
     assert np.allclose(seen[8:], 0.4), seen
     # And in model.fit: the rate ends at initial_lr.
     x = np.ones((16, 2), np.float32)
-    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0,
-              callbacks=[hvdk.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=1)])
+    model.fit(
+        x,
+        x[:, :1],
+        batch_size=4,
+        epochs=2,
+        verbose=0,
+        callbacks=[hvdk.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=1)],
+    )
     assert abs(float(model.optimizer.learning_rate) - 0.2) < 1e-6
     print("MetricAverageCallback, LearningRateWarmupCallback: ok", flush=True)
 

@@ -50,14 +50,18 @@ def main() -> None:
         for _ in range(3):
             step(tf.constant(x), tf.constant(y))
     elif mode == "fit-layers":
-        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)),
-                      loss=loss_fn)
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss_fn)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     elif mode == "broadcast-count":
-        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)),
-                      loss=loss_fn)
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-                  callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss_fn)
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)],
+        )
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"rank {r} finished without an error", flush=True)

@@ -28,12 +28,14 @@ FEATURES, HIDDEN, CLASSES = 12, 16, 3
 
 
 def make_model(seed: int) -> keras.Model:
-    model = keras.Sequential([
-        keras.Input((FEATURES,)),
-        keras.layers.Dense(HIDDEN, activation="tanh"),
-        keras.layers.Dense(HIDDEN, activation="relu"),
-        keras.layers.Dense(CLASSES),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(HIDDEN, activation="tanh"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
     rng = np.random.RandomState(seed)
     model.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
     return model
@@ -47,8 +49,9 @@ def data(n: int, steps: int) -> tuple:
 
 
 def local_rows(r: int, n: int, steps: int) -> np.ndarray:
-    return np.concatenate([np.arange(s * n * B + r * B, s * n * B + (r + 1) * B)
-                           for s in range(steps)])
+    return np.concatenate(
+        [np.arange(s * n * B + r * B, s * n * B + (r + 1) * B) for s in range(steps)]
+    )
 
 
 def compare(model: keras.Model, reference: keras.Model, what: str) -> None:
@@ -70,10 +73,12 @@ def tape_training(mode: str, steps: int) -> None:
                 loss = loss_fn(yb, model(xb, training=True))
             if distributed:
                 tape = hvd.DistributedGradientTape(
-                    tape, num_groups=2 if mode == "tape-grouped" else 0)
+                    tape, num_groups=2 if mode == "tape-grouped" else 0
+                )
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
+
         return step if mode == "tape-eager" else tf.function(step)
 
     # Rank r starts from different weights; broadcasting rank 0's makes them equal.
@@ -83,7 +88,7 @@ def tape_training(mode: str, steps: int) -> None:
     step = make_step(model, opt, True)
     rows = local_rows(r, n, steps)
     for s in range(steps):
-        idx = rows[s * B:(s + 1) * B]
+        idx = rows[s * B : (s + 1) * B]
         step(tf.constant(x[idx]), tf.constant(y[idx]))
     if r == 0:
         ref = make_model(seed=100)
@@ -102,14 +107,24 @@ def fit_training(mode: str, steps: int) -> None:
     epochs = 2
 
     def compile_(model: keras.Model, opt: keras.optimizers.Optimizer) -> None:
-        model.compile(optimizer=opt, jit_compile=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=opt,
+            jit_compile=False,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
 
     model = make_model(seed=100 + r)
     groups = 1 if mode == "fit-grouped" else 0
     compile_(model, hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01), num_groups=groups))
-    model.fit(x[rows], y[rows], batch_size=B, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    model.fit(
+        x[rows],
+        y[rows],
+        batch_size=B,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )
     if r == 0:
         ref = make_model(seed=100)
         compile_(ref, keras.optimizers.Adam(0.01))

@@ -99,8 +99,9 @@ def check_allreduce(dtype: torch.dtype) -> None:
         # average= (deprecated Horovod argument) and scale factors
         avg2 = hvd.allreduce(mine, average=True, name=f"ar.avg2.{tag}")
         assert torch.equal(avg2, want)
-        scaled = hvd.allreduce(mine, name=f"ar.scaled.{tag}", op=hvd.Sum, prescale_factor=2.0,
-                               postscale_factor=0.5)
+        scaled = hvd.allreduce(
+            mine, name=f"ar.scaled.{tag}", op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5
+        )
         assert torch.equal(scaled, total), (tag, scaled, total)
 
     # min / max / product (gather-based)
@@ -196,8 +197,12 @@ def check_compression() -> None:
 def check_objects() -> None:
     size, rank = hvd.size(), hvd.rank()
     for root in range(size):
-        obj = {"root": root, "rank": rank, "data": list(range(rank * 50)),
-               "tensor": torch.full((2,), float(rank))}
+        obj = {
+            "root": root,
+            "rank": rank,
+            "data": list(range(rank * 50)),
+            "tensor": torch.full((2,), float(rank)),
+        }
         got = hvd.broadcast_object(obj if rank == root else None, root_rank=root)
         assert got["rank"] == root and got["data"] == list(range(root * 50))
         assert torch.equal(got["tensor"], torch.full((2,), float(root)))
@@ -249,8 +254,9 @@ def check_errors() -> None:
     with raises("Adasum"):
         hvd.allreduce(torch.zeros(2), name="adasum", op=hvd.Adasum)
     with raises("Adasum"):
-        hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1),
-                                 op=hvd.Adasum)
+        hvd.DistributedOptimizer(
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), op=hvd.Adasum
+        )
     with raises("root_rank"):
         hvd.broadcast(torch.zeros(2), hvd.size(), name="bad.root")
     with raises("boolean"):
@@ -272,8 +278,9 @@ def check_join_barrier() -> None:
 def check_parameters() -> None:
     rank = hvd.rank()
     torch.manual_seed(rank)  # different weights on every rank
-    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.BatchNorm1d(5),
-                                torch.nn.Linear(5, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2)
+    )
     model(torch.randn(8, 4))  # BN running stats and num_batches_tracked (int64) differ too
     with torch.no_grad():
         model[1].num_batches_tracked.fill_(rank + 7)
@@ -335,10 +342,11 @@ def check_optimizer_api() -> None:
     assert calls == [1], calls
     # a parameter without gradient on this rank: zeros are sent, nobody hangs
     extra = torch.nn.Linear(2, 2)
-    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(
-        list(model.parameters()) + list(extra.parameters()), lr=0.1),
-        named_parameters=list(model.named_parameters()) + [
-            ("extra." + n, p) for n, p in extra.named_parameters()])
+    opt2 = hvd.DistributedOptimizer(
+        torch.optim.SGD(list(model.parameters()) + list(extra.parameters()), lr=0.1),
+        named_parameters=list(model.named_parameters())
+        + [("extra." + n, p) for n, p in extra.named_parameters()],
+    )
     out = model(x)
     if rank == 0:
         out = extra(out)

@@ -58,41 +58,67 @@ def make_model() -> Net:
 
 def batches(rank: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(77 + rank)
-    return [(torch.randn(4, 10, generator=g, dtype=torch.float64),
-             torch.randint(0, 3, (4,), generator=g)) for _ in range(STEPS)]
+    return [
+        (
+            torch.randn(4, 10, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (4,), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 Scenario = Dict[str, Any]
 
 SCENARIOS: List[Scenario] = [
-    {"name": "sgd-momentum-steplr",
-     "opt": lambda ps: torch.optim.SGD(ps, lr=0.2, momentum=0.9, weight_decay=1e-3,
-                                       nesterov=True),
-     "sched": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7)},
-    {"name": "adam-passes2-zero-in-place", "passes": 2, "set_to_none": False,
-     "opt": lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.95))},
-    {"name": "adamw-clip", "clip_steps": (1, 2, 5),
-     "opt": lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1),
-     "sched": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)},
-    {"name": "rmsprop-skip-layer", "skip_odd": True,
-     "opt": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5)},
-    {"name": "sgd-gradscaler", "scaler": True,
-     "opt": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)},
-    {"name": "sgd-two-groups",
-     "opt": lambda ps: torch.optim.SGD([{"params": ps[:4], "lr": 0.05},
-                                        {"params": ps[4:], "lr": 0.3, "momentum": 0.5}],
-                                       lr=0.1)},
+    {
+        "name": "sgd-momentum-steplr",
+        "opt": lambda ps: torch.optim.SGD(
+            ps, lr=0.2, momentum=0.9, weight_decay=1e-3, nesterov=True
+        ),
+        "sched": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7),
+    },
+    {
+        "name": "adam-passes2-zero-in-place",
+        "passes": 2,
+        "set_to_none": False,
+        "opt": lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.95)),
+    },
+    {
+        "name": "adamw-clip",
+        "clip_steps": (1, 2, 5),
+        "opt": lambda ps: torch.optim.AdamW(ps, lr=0.02, weight_decay=0.1),
+        "sched": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
+    },
+    {
+        "name": "rmsprop-skip-layer",
+        "skip_odd": True,
+        "opt": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5),
+    },
+    {
+        "name": "sgd-gradscaler",
+        "scaler": True,
+        "opt": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    },
+    {
+        "name": "sgd-two-groups",
+        "opt": lambda ps: torch.optim.SGD(
+            [{"params": ps[:4], "lr": 0.05}, {"params": ps[4:], "lr": 0.3, "momentum": 0.5}], lr=0.1
+        ),
+    },
 ]
 
 
-def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor]]
-          ) -> Tuple[Net, Any, List[Dict[str, torch.Tensor]], Dict[str, Any]]:
+def train(
+    sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor]]
+) -> Tuple[Net, Any, List[Dict[str, torch.Tensor]], Dict[str, Any]]:
     model = make_model()
     prefix = "cb." if cross else "sync."
     opt = hvd.DistributedOptimizer(
         sc["opt"](list(model.parameters())),
         named_parameters=[(prefix + n, p) for n, p in model.named_parameters()],
-        backward_passes_per_step=sc.get("passes", 1), cross_barrier=cross)
+        backward_passes_per_step=sc.get("passes", 1),
+        cross_barrier=cross,
+    )
     assert opt.cross_barrier == cross
     sched = sc["sched"](opt) if "sched" in sc else None
     passes = sc.get("passes", 1)
@@ -104,8 +130,9 @@ def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor
         opt.zero_grad(set_to_none=sc.get("set_to_none", True))
         micro = x.shape[0] // passes
         for i in range(passes):
-            loss = F.cross_entropy(model(x[i * micro:(i + 1) * micro]),
-                                   y[i * micro:(i + 1) * micro])
+            loss = F.cross_entropy(
+                model(x[i * micro : (i + 1) * micro]), y[i * micro : (i + 1) * micro]
+            )
             if scaler is not None:
                 loss = scaler.scale(loss)
             (loss / passes).backward()
@@ -133,8 +160,10 @@ def train(sc: Scenario, cross: bool, data: List[Tuple[torch.Tensor, torch.Tensor
     seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
     if cross:
         cb = opt._fastps.cross
-        print(f"DEFERRED {sc['name']} steps={cb.steps} deferred={cb.deferred} "
-              f"in_forward={cb.applied_in_forward}")
+        print(
+            f"DEFERRED {sc['name']} steps={cb.steps} deferred={cb.deferred} "
+            f"in_forward={cb.applied_in_forward}"
+        )
     opt_state_end = opt.state_dict()
     return model, (opt_state, opt_state_end), seen, {"opt": opt}
 
@@ -143,7 +172,8 @@ def same(a: Any, b: Any, where: str) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), (
             f"{where}: differs by "
-            f"{float((a.double() - b.double()).abs().max()) if a.shape == b.shape else 'shape'}")
+            f"{float((a.double() - b.double()).abs().max()) if a.shape == b.shape else 'shape'}"
+        )
     elif isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
         for k in a:
@@ -166,8 +196,11 @@ def equivalence() -> None:
         flat = torch.cat([p.detach().reshape(-1) for p in m_cb.parameters()])
         gathered = hvd.allgather(flat.unsqueeze(0), name=f"final.{sc['name']}")
         assert torch.equal(gathered[0], gathered[-1]), "ranks disagree"
-        moved = float((flat - torch.cat([p.detach().reshape(-1) for p in
-                                        make_model().parameters()])).abs().max())
+        moved = float(
+            (flat - torch.cat([p.detach().reshape(-1) for p in make_model().parameters()]))
+            .abs()
+            .max()
+        )
         assert moved > 1e-3, f"{sc['name']}: training did not change the parameters"
         print(f"EQUIV OK {sc['name']}")
 
@@ -176,9 +209,11 @@ def fallbacks() -> None:
     model = make_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        opt = hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters()),
-                                       named_parameters=model.named_parameters(),
-                                       cross_barrier=True)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.LBFGS(model.parameters()),
+            named_parameters=model.named_parameters(),
+            cross_barrier=True,
+        )
     assert not opt.cross_barrier
     assert any("LBFGS.step() is not one" in str(w.message) for w in caught), caught
 
@@ -195,10 +230,11 @@ def fallbacks() -> None:
     model = make_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        opt = hvd.DistributedOptimizer(Lamb(model.parameters()),
-                                       named_parameters=[("lamb." + n, p) for n, p in
-                                                         model.named_parameters()],
-                                       cross_barrier=True)
+        opt = hvd.DistributedOptimizer(
+            Lamb(model.parameters()),
+            named_parameters=[("lamb." + n, p) for n, p in model.named_parameters()],
+            cross_barrier=True,
+        )
     assert not opt.cross_barrier and any("Lamb.step()" in str(w.message) for w in caught)
 
     class MySGD(torch.optim.SGD):  # keeps SGD's step: still per parameter
@@ -207,9 +243,10 @@ def fallbacks() -> None:
     model = make_model()
     os.environ["FASTPS_CROSS_BARRIER"] = "1"
     try:
-        opt = hvd.DistributedOptimizer(MySGD(model.parameters(), lr=0.1),
-                                       named_parameters=[("mine." + n, p) for n, p in
-                                                         model.named_parameters()])
+        opt = hvd.DistributedOptimizer(
+            MySGD(model.parameters(), lr=0.1),
+            named_parameters=[("mine." + n, p) for n, p in model.named_parameters()],
+        )
     finally:
         del os.environ["FASTPS_CROSS_BARRIER"]
     assert opt.cross_barrier
@@ -235,10 +272,11 @@ def misuse() -> None:
     """Rank 1 contributes late, so rank 0's update is certainly pending after step()."""
     torch.manual_seed(5)
     model = Shortcut().double()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=[("shortcut." + n, p) for n, p in
-                                                     model.named_parameters()],
-                                   cross_barrier=True)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=[("shortcut." + n, p) for n, p in model.named_parameters()],
+        cross_barrier=True,
+    )
     x = torch.randn(3, 6, dtype=torch.float64)
     hvd.barrier()
     if hvd.rank() == 1:

@@ -18,8 +18,16 @@ def main() -> None:
     device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
     torch.cuda.set_device(device)
 
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
-                  torch.int64, torch.uint8, torch.bool):
+    for dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    ):
         tag = str(dtype).replace("torch.", "")
         base = torch.arange(1000, device=device) % 7
         mine = ((base + rank) % 2 == 0) if dtype == torch.bool else (base + rank).to(dtype)
@@ -55,13 +63,21 @@ def main() -> None:
 
     # Training equivalence on the GPU (float64).
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(),
-                                torch.nn.Linear(32, 3)).double().to(device)
-    ref = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(),
-                              torch.nn.Linear(32, 3)).double().to(device)
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+        .double()
+        .to(device)
+    )
+    ref = (
+        torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+        .double()
+        .to(device)
+    )
     ref.load_state_dict(model.state_dict())
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(5)
     for _ in range(5):
@@ -69,8 +85,9 @@ def main() -> None:
         yb = torch.randint(0, 3, (8,), generator=g).to(device)
         share = 8 // size
         opt.zero_grad()
-        F.cross_entropy(model(xb[rank * share:(rank + 1) * share]),
-                        yb[rank * share:(rank + 1) * share]).backward()
+        F.cross_entropy(
+            model(xb[rank * share : (rank + 1) * share]), yb[rank * share : (rank + 1) * share]
+        ).backward()
         opt.step()
         ref_opt.zero_grad()
         F.cross_entropy(ref(xb), yb).backward()

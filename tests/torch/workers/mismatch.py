@@ -35,12 +35,16 @@ def main() -> int:
     try:
         if mode == "extra":
             model = Net(8, extra=odd)
-            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     named_parameters=model.named_parameters())
+            hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                named_parameters=model.named_parameters(),
+            )
         elif mode == "shape":
             model = Net(9 if odd else 8, extra=False)
-            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     named_parameters=model.named_parameters())
+            hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                named_parameters=model.named_parameters(),
+            )
         elif mode == "params":
             model = Net(8, extra=odd)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)

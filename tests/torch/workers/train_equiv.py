@@ -19,8 +19,7 @@ import torch.nn.functional as F
 
 STEPS = 6
 GLOBAL_BATCH = 8
-FORWARD_ORDER = ["stem.weight", "stem.bias", "mid.weight", "mid.bias", "head.weight",
-                 "head.bias"]
+FORWARD_ORDER = ["stem.weight", "stem.bias", "mid.weight", "mid.bias", "head.weight", "head.bias"]
 
 
 class Net(torch.nn.Module):
@@ -44,8 +43,10 @@ def make_model() -> Net:
 def make_data() -> List[Tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(99)
     return [
-        (torch.randn(GLOBAL_BATCH, 10, generator=g, dtype=torch.float64),
-         torch.randint(0, 3, (GLOBAL_BATCH,), generator=g))
+        (
+            torch.randn(GLOBAL_BATCH, 10, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (GLOBAL_BATCH,), generator=g),
+        )
         for _ in range(STEPS)
     ]
 
@@ -66,22 +67,29 @@ def reference(kind: str, data: List[Tuple[torch.Tensor, torch.Tensor]]) -> Net:
     return model
 
 
-def distributed(kind: str, passes: int, data: List[Tuple[torch.Tensor, torch.Tensor]],
-                check_order: Callable[[List[str]], None]) -> Net:
+def distributed(
+    kind: str,
+    passes: int,
+    data: List[Tuple[torch.Tensor, torch.Tensor]],
+    check_order: Callable[[List[str]], None],
+) -> Net:
     rank, size = hvd.rank(), hvd.size()
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_opt(kind, model.parameters()),
-                                   named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=passes)
+    opt = hvd.DistributedOptimizer(
+        make_opt(kind, model.parameters()),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=passes,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     share = GLOBAL_BATCH // size
     for step, (x, y) in enumerate(data):
-        xs, ys = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+        xs, ys = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         opt.zero_grad()
         micro = share // passes
         for i in range(passes):
-            loss = F.cross_entropy(model(xs[i * micro:(i + 1) * micro]),
-                                   ys[i * micro:(i + 1) * micro])
+            loss = F.cross_entropy(
+                model(xs[i * micro : (i + 1) * micro]), ys[i * micro : (i + 1) * micro]
+            )
             (loss / passes).backward()
         opt.step()
         if step == 0:
