@@ -178,6 +178,13 @@ class ProcessSet:
     def included(self) -> bool:
         return api.rank() in self.ranks
 
+    @property
+    def sid(self) -> int:
+        """The registered set's id (collectives only run on registered sets)."""
+        if self.process_set_id is None:
+            raise UsageError(f"{self!r} is not registered (hvd.add_process_set)")
+        return self.process_set_id
+
     def __repr__(self) -> str:
         if self._ranks is None:
             return "ProcessSet(global)"
@@ -197,7 +204,8 @@ class _Session:
         self.lock = threading.RLock()  # Op.poll releases names while a caller holds it
         self.sets: Dict[int, ProcessSet] = {0: global_process_set}
         self.next_set = 1
-        self.counters: Dict[int, Any] = {}
+        # Anonymous-op counters: by set id, and by ("barrier", set id).
+        self.counters: Dict[Any, Any] = {}
         self.inflight: Dict[Tuple[int, str], Op] = {}
         self.stand_ins: List[Any] = []  # data-plane work done while joined
         self.join_pending: Dict[int, Tuple[Dict[str, Any], threading.Event]] = {}
@@ -269,7 +277,7 @@ def add_process_set(ranks: Any) -> ProcessSet:
     # Registration is collective: the ranks agree on the set (and its id) before use.
     _run_control_op(
         global_process_set,
-        f"add_process_set.{ps.process_set_id}",
+        f"add_process_set.{ps.sid}",
         {"k": "add_process_set", "ranks": ps._ranks},
     )
     return ps
@@ -323,7 +331,7 @@ def _op_name(ps: ProcessSet, name: Optional[str]) -> str:
         return name
     s = _sess()
     with s.lock:
-        counter = s.counters.setdefault(ps.process_set_id, itertools.count())
+        counter = s.counters.setdefault(ps.sid, itertools.count())
         return f"noname.{next(counter)}"
 
 
@@ -359,9 +367,7 @@ class Op:
             if not done and not self._coordinated.is_set():
                 client = api._st().client
                 if client is not None:
-                    client.withdraw(
-                        self.process_set.process_set_id, self.process_set.ranks, self.name
-                    )
+                    client.withdraw(self.process_set.sid, self.process_set.ranks, self.name)
         return done
 
     def poll(self) -> bool:
@@ -429,7 +435,7 @@ def _release(op: Op) -> None:
     s = _session
     if s is None:
         return
-    key = (op.process_set.process_set_id, op.name)
+    key = (op.process_set.sid, op.name)
     with s.lock:
         if s.inflight.get(key) is op:
             del s.inflight[key]
@@ -445,7 +451,7 @@ def _start(
     member announced it."""
     s = _sess()
     op = Op(name, ps)
-    key = (ps.process_set_id, name)
+    key = (ps.sid, name)
     with s.lock:
         old = s.inflight.get(key)
         if old is not None and not old.poll():
@@ -485,7 +491,7 @@ def _announce(
     if client is None:  # one process: everyone has announced
         done({"records": [record]})
         return
-    client.coordinate(ps.process_set_id, ps.ranks, name, record, done)
+    client.coordinate(ps.sid, ps.ranks, name, record, done)
 
 
 def _run_control_op(ps: ProcessSet, name: str, record: Dict[str, Any]) -> List[Any]:
@@ -539,7 +545,7 @@ def _check_records(name: str, ps: ProcessSet, records: List[Optional[Dict[str, A
     if kind == "broadcast":
         differ("root rank", lambda rec: rec.get("root"))
         root = first.get("root")
-        if records[ranks.index(root)] is None:
+        if records[ranks.index(int(root or 0))] is None:
             raise CollectiveError(f"broadcast '{name}': root rank {root} has already joined")
     if kind not in ("allreduce", "barrier") and len(present) < len(records):
         joined = [r for r, rec in zip(ranks, records) if rec is None]
@@ -588,7 +594,7 @@ def _reduce_stack(stack: np.ndarray, dtype: str, op: ReduceOp) -> np.ndarray:
     vals = _to_compute(stack, dtype)
     if dtype == "bool":
         out = vals.all(axis=0) if op in (ReduceOp.MIN, ReduceOp.PRODUCT) else vals.any(axis=0)
-        return out
+        return np.asarray(out)
     if op == ReduceOp.MIN:
         out = vals.min(axis=0)
     elif op == ReduceOp.MAX:
@@ -641,7 +647,7 @@ def _push_sum(
     scale: float = 1.0,
 ) -> None:
     """Data plane: ``dst`` receives the sum over all workers of their ``src``."""
-    name = f"{data_name}.{op.process_set.process_set_id}.{src.nbytes}"
+    name = f"{data_name}.{op.process_set.sid}.{src.nbytes}"
     sbuf = raw_buffer(src, f"tensor '{op.name}'", dtype=dtype)
     dbuf = (
         sbuf
@@ -1032,7 +1038,8 @@ def reducescatter_async(
         begin = sum(shares[:me])
 
         def finish() -> np.ndarray:
-            full = inner._finish() if inner._finish else None
+            assert inner._finish is not None
+            full = inner._finish()
             return np.ascontiguousarray(full[begin : begin + shares[me]])
 
         o._finish = finish
@@ -1065,7 +1072,7 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
     ps = _registered(process_set)
     s = _sess()
     with s.lock:  # own numbering: a rank that stood in for others' ops has the same count
-        counter = s.counters.setdefault(("barrier", ps.process_set_id), itertools.count())
+        counter = s.counters.setdefault(("barrier", ps.sid), itertools.count())
         name = f"barrier.{next(counter)}"
     _run_control_op(ps, name, {"k": "barrier"})
 
@@ -1093,9 +1100,9 @@ def join(process_set: Optional[ProcessSet] = None, timeout: Optional[float] = No
     if client is None:
         return api.rank()
     with s.lock:
-        pending = s.join_pending.get(ps.process_set_id)
+        pending = s.join_pending.get(ps.sid)
         if pending is None:  # a join interrupted earlier (Ctrl-C, a timeout) is still on
-            pending = s.join_pending[ps.process_set_id] = (result, finished)
+            pending = s.join_pending[ps.sid] = (result, finished)
             fresh = True
         else:
             result, finished = pending
@@ -1103,19 +1110,19 @@ def join(process_set: Optional[ProcessSet] = None, timeout: Optional[float] = No
     client.on_unsolicited(stand_in)
     try:
         if fresh:
-            client.coordinate(ps.process_set_id, ps.ranks, JOIN, {"k": "join"}, done)
+            client.coordinate(ps.sid, ps.ranks, JOIN, {"k": "join"}, done)
         limit = timeout or st.cfg.op_timeout
         if not finished.wait(limit):
             raise FastPSTimeoutError(f"join did not complete within {limit:g} s")
     except BaseException:
         if fresh and not finished.is_set() and client.abort_reason is not None:
-            s.join_pending.pop(ps.process_set_id, None)
+            s.join_pending.pop(ps.sid, None)
         raise
     finally:
         if finished.is_set():
             client.on_unsolicited(None)
     with s.lock:
-        s.join_pending.pop(ps.process_set_id, None)
+        s.join_pending.pop(ps.sid, None)
     for handle in s.stand_ins:
         handle.synchronize()
     s.stand_ins = []
@@ -1131,14 +1138,14 @@ def _skip_name(s: _Session, ps: ProcessSet, name: str) -> None:
     if prefix != "noname" or not number.isdigit():
         return
     with s.lock:
-        counter = s.counters.get(ps.process_set_id)
+        counter = s.counters.get(ps.sid)
         current = next(counter) if counter is not None else 0
-        s.counters[ps.process_set_id] = itertools.count(max(current, int(number) + 1))
+        s.counters[ps.sid] = itertools.count(max(current, int(number) + 1))
 
 
 def _stand_in(s: _Session, ps: ProcessSet, msg: Dict[str, Any]) -> None:
     """This joined rank contributes zeros to an op of the others on the data plane."""
-    if int(msg.get("set", -1)) != ps.process_set_id or _relayed(ps) or "records" not in msg:
+    if int(msg.get("set", -1)) != ps.sid or _relayed(ps) or "records" not in msg:
         return
     recs = msg["records"]
     present = [rec for rec in recs if rec is not None]
@@ -1176,9 +1183,9 @@ def _stand_in(s: _Session, ps: ProcessSet, msg: Dict[str, Any]) -> None:
 
 
 try:  # cloudpickle also serialises lambdas and locally defined classes
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle  # type: ignore[no-redef]
+    _pickler = pickle  # type: ignore[no-redef,unused-ignore]
 
 
 def _dumps(obj: Any) -> np.ndarray:

@@ -164,7 +164,7 @@ class Scheduler:
         self._abort_at = 0.0
         # Called (on the scheduler's thread) with the reason when the job aborts; a launcher
         # sets it to report the root cause itself, first and once.
-        self.on_abort: Optional[Callable[[str], None]] = None
+        self.on_abort: Optional[Callable[[str], object]] = None
 
     # ------------------------------------------------------------ public API
     @property
@@ -688,6 +688,7 @@ class Scheduler:
 
     def _coord(self, conn: _Conn, msg: Dict[str, Any]) -> None:
         """A collective announced by one worker (``core/coordinator.py``)."""
+        set_id: Any
         set_id, ranks, name = msg.get("set"), msg.get("ranks"), msg.get("name")
         if conn.role != "worker" or conn.node_id is None:
             self._send(conn, {"type": "error", "message": "only registered workers coordinate"})

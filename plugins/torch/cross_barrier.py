@@ -100,7 +100,7 @@ def coupling(optimizer_class: type) -> Optional[str]:
     """None if ``optimizer_class.step`` is one that updates each parameter on its own
     (torch's profiling and grad-mode wrappers are looked through, so subclasses that keep
     the step qualify); otherwise why cross-barrier updates cannot be used."""
-    step = inspect.unwrap(optimizer_class.step)
+    step = inspect.unwrap(getattr(optimizer_class, "step"))  # noqa: B009 (a class, not typed)
     if step in _PER_PARAMETER_STEPS:
         return None
     return (
@@ -300,14 +300,15 @@ class CrossBarrier:
         self.waited_s += time.perf_counter() - t0
         by_group: Dict[int, List[torch.Tensor]] = {}
         swapped = []
-        zero = []
+        zero: List[torch.Tensor] = []
         for e in batch:
             self.pending.pop(id(e.param), None)
             e.deferred = False
             grad, e.grad = e.grad, None
             if e.zero:
                 e.zero = False
-                zero.append(grad)
+                if grad is not None:
+                    zero.append(grad)
             if e.group < 0:
                 continue  # removed from every param group: the synchronous step skips it too
             p = e.param

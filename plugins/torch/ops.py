@@ -134,14 +134,6 @@ def _name(name: Optional[str], prefix: str) -> str:
     return auto_name(prefix)
 
 
-def _name(name: Optional[str], prefix: str) -> str:
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise FastPSError(f"tensor names must be non-empty strings, got {name!r}")
-        return name
-    return auto_name(prefix)
-
-
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
     rop = C.resolve_op(op, average)
     if rop == Adasum:

@@ -303,7 +303,9 @@ class _GradientSync:
 
     def _resparse(self, e: _Entry, dense: Handle) -> torch.Tensor:
         dense.synchronize()
-        e.param.grad = e.param.grad.to_sparse()
+        grad = e.param.grad
+        assert grad is not None  # reduced in place just now
+        e.param.grad = grad.to_sparse()
         return e.param.grad
 
     def _dense(self, e: _Entry, grad: torch.Tensor) -> Handle:

@@ -64,9 +64,14 @@ class SyncBatchNorm(_BatchNorm):
         count = total[0]
         mean = total[1 : 1 + channels] / count
         var = total[1 + channels :] / count - mean * mean  # biased, as batch norm normalizes
-        if self.track_running_stats and self.running_mean is not None:
+        if (
+            self.track_running_stats
+            and self.running_mean is not None
+            and self.running_var is not None
+            and self.num_batches_tracked is not None
+        ):
             with torch.no_grad():
-                self.num_batches_tracked += 1
+                self.num_batches_tracked.add_(1)
                 momentum = self.momentum
                 if momentum is None:
                     momentum = 1.0 / float(self.num_batches_tracked)
