@@ -58,6 +58,7 @@ struct Cluster {
       o.engine_threads = 2;
       o.io_threads = 1;
       o.handshake_timeout_s = 5;
+      o.max_pending_handshakes = 64;
       servers.push_back(std::make_unique<Server>(o));
       addrs.push_back("127.0.0.1:" + std::to_string(servers.back()->start()));
     }
