@@ -120,16 +120,23 @@ def main() -> None:
     )
     print("mismatch OK", flush=True)
 
-    # A duplicate name in flight raises at once, on the caller only. (Alone, an op is done
-    # as soon as it starts, so there is nothing in flight to collide with.)
-    first = hv.allreduce_async(data(r, (4,)), "float32", SUM, name="dup")
-    t0 = time.monotonic()
-    try:
-        second = hv.allreduce_async(data(r, (4,)), "float32", SUM, name="dup")
-        assert n == 1, "duplicate name did not raise"
-        second.synchronize()
-    except ValueError:
-        assert time.monotonic() - t0 < 1.0
+    # A duplicate name in flight raises at once, on the caller only. Rank 0 makes both calls
+    # before any other rank announces the op (the barrier orders them), so its first op is
+    # certainly still in flight. (Alone, an op is done as soon as it starts, so there is
+    # nothing in flight to collide with.)
+    if r == 0:
+        first = hv.allreduce_async(data(r, (4,)), "float32", SUM, name="dup")
+        t0 = time.monotonic()
+        try:
+            second = hv.allreduce_async(data(r, (4,)), "float32", SUM, name="dup")
+            assert n == 1, "duplicate name did not raise"
+            second.synchronize()
+        except ValueError:
+            assert time.monotonic() - t0 < 1.0
+        hv.barrier()
+    else:
+        hv.barrier()
+        first = hv.allreduce_async(data(r, (4,)), "float32", SUM, name="dup")
     expect(
         "first of duplicates", first.synchronize(), np.stack([data(k, (4,)) for k in ranks]).sum(0)
     )
