@@ -14,6 +14,7 @@ process of the job still running on a host (found by ``FASTPS_JOB_ID`` in its en
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import shlex
@@ -91,14 +92,15 @@ def forwarded_env(env: Mapping[str, str]) -> Dict[str, str]:
     }
 
 
-class Transport:
+class Transport(abc.ABC):
     """How to run the agent on a named host: ``argv(host)`` is a local command line whose
     stdin and output become the agent's."""
 
     name = "transport"
 
+    @abc.abstractmethod
     def argv(self, host: str, python: str) -> List[str]:
-        raise NotImplementedError
+        """The local command line that starts the agent on ``host``."""
 
     def describe_failure(self, host: str, rc: int, stderr: str) -> str:
         return f"exited with {rc}: {stderr.strip()[-400:]}"
