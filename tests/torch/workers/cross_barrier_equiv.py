@@ -278,6 +278,12 @@ def misuse() -> None:
         cross_barrier=True,
     )
     x = torch.randn(3, 6, dtype=torch.float64)
+    # One step first, through the inner module only: the first push agrees priorities with
+    # rank 0 (a collective), which would otherwise hold rank 0 until rank 1 arrives.
+    model.inner(x).sum().backward()
+    opt.step()
+    opt.wait_for_updates()
+    opt.zero_grad()
     hvd.barrier()
     if hvd.rank() == 1:
         time.sleep(1.0)
