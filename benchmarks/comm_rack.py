@@ -461,6 +461,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with Rack(n_workers=n_max, n_cpu_hosts=k_max, rate_mbit=args.rate, prefix=args.prefix) as rack:
         link = rack.measure_throughput("w0", "w1", seconds=args.measure_seconds)
+        for host, mbit in args.host_rate.items():
+            rack.set_rate(host, mbit)
+            print(f"comm_rack: {host}'s link reshaped to {mbit:g} Mbit/s", flush=True)
         print(
             f"comm_rack: rack n={n_max} k={k_max} at {args.rate} Mbit/s; measured link "
             f"goodput {link:.1f} Mbit/s ({link / args.rate:.3f} of rate)",
@@ -471,6 +474,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             "rack": f"{n_max} worker hosts + {k_max} CPU hosts, "
             f"{args.rate} Mbit/s per host, measured goodput {link:.1f} Mbit/s",
         }
+        if args.host_rate:
+            meta["host_rates"] = ",".join(f"{h}={m:g}" for h, m in args.host_rate.items())
         runner = Runner(rack, args, link)
         for model in args.models:
             for n in args.workers:
@@ -523,6 +528,20 @@ def _env_pairs(items: Sequence[str]) -> Dict[str, str]:
     return out
 
 
+def _host_rates(p: argparse.ArgumentParser, items: Sequence[str]) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for item in items:
+        host, sep, value = item.partition("=")
+        try:
+            mbit = float(value)
+        except ValueError:
+            mbit = -1.0
+        if not sep or not host or not mbit > 0:
+            p.error(f"--host-rate wants HOST=Mbit/s with a rate > 0, got {item!r}")
+        out[host] = mbit
+    return out
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -562,6 +581,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--run-timeout", type=float, default=300.0, help="hard bound in seconds on one system's run"
     )
+    p.add_argument(
+        "--host-rate",
+        nargs="*",
+        default=[],
+        metavar="HOST=MBIT",
+        help="hosts whose link differs from --rate, e.g. w3=500: a straggler's link "
+        "(fastps reads its host's rate; add --fastps-env FASTPS_HOST_BANDWIDTHS=w3=500 "
+        "to tell the placement)",
+    )
     p.add_argument("--measure-seconds", type=float, default=3.0)
     p.add_argument("--prefix", default="fpsr")
     p.add_argument("--base-port", type=int, default=29400)
@@ -586,6 +614,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if min(args.workers) < 2 or min(args.cpu_hosts) < 0:
         p.error("need --workers >= 2 and --cpu-hosts >= 0")
     args.fastps_env = _env_pairs(args.fastps_env)
+    args.host_rate = _host_rates(p, args.host_rate)
     return args
 
 

@@ -45,15 +45,28 @@ def test_fair_rates_max_min_with_caps() -> None:
         {"a": 10.0, "b": 10.0}, [({"a": 1.0}, 2.0), ({"a": 1.0}, 3.0), ({"b": 1.0}, None)]
     )
     assert r == [pytest.approx(2.0), pytest.approx(3.0), pytest.approx(10.0)]
-    # a paced flow against an unpaced one: the queue serves what each offers (2 : 10)
+    # a paced flow below its fair share keeps its pace; the unpaced one takes the rest
     r = fair_rates({"a": 10.0}, [({"a": 1.0}, 2.0), ({"a": 1.0}, None)])
-    assert r == [pytest.approx(10 / 6), pytest.approx(50 / 6)]
+    assert r == [pytest.approx(2.0), pytest.approx(8.0)]
     # a flow standing for 3 copies on a link loads it 3x
     r = fair_rates({"a": 12.0, "b": 100.0}, [({"a": 3.0, "b": 1.0}, None)])
     assert r == [pytest.approx(4.0)]
-    # paced flows on an overloaded link scale in proportion to their caps
+    # paced flows on an overloaded link: max-min, the smaller cap is met in full
     r = fair_rates({"a": 10.0}, [({"a": 1.0}, 4.0), ({"a": 1.0}, 12.0)])
-    assert r == [pytest.approx(2.5), pytest.approx(7.5)]
+    assert r == [pytest.approx(4.0), pytest.approx(6.0)]
+    # headroom above a base rate only takes spare room: a busy link gives the base...
+    r = fair_rates({"a": 10.0}, [({"a": 1.0}, 6.0), ({"a": 1.0}, 6.0, 4.0)])
+    assert r == [pytest.approx(6.0), pytest.approx(4.0)]
+    # ...an idle one up to the cap, and the spare room of a half-busy one
+    assert fair_rates({"a": 10.0}, [({"a": 1.0}, 6.0, 4.0)]) == [pytest.approx(6.0)]
+    r = fair_rates({"a": 10.0}, [({"a": 1.0}, 5.0), ({"a": 1.0}, 9.0, 3.0)])
+    assert r == [pytest.approx(5.0), pytest.approx(5.0)]
+    # the filling runs only where the caps do not fit; a flow across both kinds of link
+    r = fair_rates(
+        {"a": 10.0, "b": 10.0},
+        [({"a": 1.0, "b": 1.0}, None), ({"a": 1.0}, None), ({"b": 1.0}, 2.0)],
+    )
+    assert r == [pytest.approx(5.0), pytest.approx(5.0), pytest.approx(2.0)]
 
 
 def test_one_part_equals_closed_form(tmp_path: Path) -> None:

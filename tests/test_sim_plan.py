@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,17 @@ from pathlib import Path
 import pytest
 from fastps import plan
 from fastps.errors import FastPSError
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
+
+
+def documented_questions() -> list:
+    """The planner commands of docs/simulator.md ("Planning a job"), as argument lists."""
+    text = DOCS.read_text()
+    block = text.split("## Planning a job", 1)[1].split("```", 2)[1]
+    return [
+        shlex.split(ln)[3:] for ln in block.splitlines() if ln.startswith("python -m fastps.plan")
+    ]
 
 
 def test_rates_and_ranges() -> None:
@@ -77,3 +89,25 @@ def test_plan_reads_a_model_file(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert "model tiny: 46.1 MB" in out and "recommended" in out
     assert plan.main(["--model", "nope", "--workers", "8"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_documented_questions_are_found() -> None:
+    qs = documented_questions()
+    assert len(qs) >= 4 and all(q[:1] == ["--model"] for q in qs)
+    assert any("--racks" in q for q in qs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("question", documented_questions(), ids=lambda q: " ".join(q[1:6:2]))
+def test_documented_question_answers(question: list, tmp_path: Path) -> None:
+    # Every example of the docs runs to a recommendation. The timeout only catches a hang
+    # (the timed answers, under 10 s of CPU each, are in docs/benchmarks.md section 15).
+    q = [tmp_path / "plan.png" if a == "plan.png" else a for a in question]
+    out = subprocess.run(
+        [sys.executable, "-m", "fastps.plan", *map(str, q)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    ).stdout
+    assert "recommended: k = " in out and "compression:" in out

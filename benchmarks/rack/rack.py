@@ -802,6 +802,25 @@ class Rack:
                     ]
                 )
 
+    def set_rate(self, host: HostRef, mbit: float) -> None:
+        """Reshapes one host's link (both directions) to ``mbit``: a host with a slower
+        link than the rest of the rack. Only for a rack built with a rate."""
+        self._require_up()
+        if self.rate_mbit is None:
+            raise RackError(f"rack {self.prefix} has unshaped links: no rate to change")
+        if not mbit > 0:
+            raise ValueError(f"host rate must be > 0 Mbit/s, got {mbit!r}")
+        h = self.host(host)
+        rate, burst = _tc_rate(mbit), str(_htb_burst_bytes(mbit))
+        for ns, dev in ((h.ns, _HOST_IF), (self.switch_ns, h.name)):
+            _run(
+                [
+                    *("tc", "-n", ns, "class", "change", "dev", dev, "parent", "1:"),
+                    *("classid", "1:1", "htb", "rate", rate, "ceil", rate),
+                    *("burst", burst, "cburst", burst),
+                ]
+            )
+
     # ----------------------------------------------------------------- processes
 
     def _require_up(self) -> None:

@@ -5,6 +5,11 @@ replayed in the simulator with the measurement's own link goodput. The only fitt
 is ``layer_overhead_s`` for the training rows, fitted on one row (fastps cross-barrier,
 k = 0) and then held fixed for the others; the communication rows use no fitted number.
 
+The part-size and straggler rows (docs/rack-results/sim-validation/) were measured while
+other jobs loaded the machine: each is the median of repeated runs (the CSVs of every run
+are stored; the row shows the median, the range and the loads), simulated with the median
+of those runs' measured link goodput.
+
     python -m fastps.sim.calibration            # the table (docs/benchmarks.md section 15)
     python -m fastps.sim.calibration --quick    # the rows CI checks
 """
@@ -13,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import FastPSError
 from . import workload
@@ -28,6 +34,7 @@ from .pushpull import CommOptions
 from .training import TrainOptions, communicate, train
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "rack-results"
+REPEATED = RESULTS / "sim-validation"
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Row:
     load: str = ""
     in_ci: bool = False
     predicted_s: Optional[float] = None
+    runs: List[float] = field(default_factory=list)  # every run of a repeated row
 
     @property
     def error(self) -> float:
@@ -109,6 +117,51 @@ def _comm_rows(path: Path, in_ci: Sequence[int], partition: int) -> List[Row]:
     return rows
 
 
+def _parse_rates(text: str) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        host, _, mbit = item.partition("=")
+        out[host] = float(mbit)
+    return out
+
+
+def repeated_rows(files: Sequence[Path], partition: int, label: str = "") -> List[Row]:
+    """One row per (n, k) over the repeated runs in ``files`` (comm_rack CSVs of the same
+    command): the median time, simulated with the median measured goodput."""
+    if not files:
+        raise FastPSError(f"no stored runs for {label or partition} in {REPEATED}")
+    times: Dict[Tuple[int, int], List[float]] = {}
+    goodputs: List[float] = []
+    loads: List[str] = []
+    rate, hosts = 1000.0, ""
+    for path in files:
+        loads.append(header_field(path, "load_at_start").split(" ")[0])
+        hosts = header_field(path, "host_rates")
+        for r in read_rows(path):
+            if r["status"] != "ok" or r["system"] != "fastps" or r["model"] != "resnet50":
+                continue
+            times.setdefault((int(r["n"]), int(r["k"])), []).append(float(r["time_s"]))
+            goodputs.append(float(r["link_goodput_mbit"]))
+            rate = float(r["rate_mbit"])
+    goodput = statistics.median(goodputs) / rate
+    host_mbit = _parse_rates(hosts)
+    w = workload.load("resnet50")
+    rows = []
+    for (n, k), ts in sorted(times.items()):
+        cl = Cluster(
+            workers=n, cpu_machines=k, link_mbit=rate, goodput=goodput, host_mbit=host_mbit
+        )
+        opts = TrainOptions(iterations=2, warmup=0)
+        pred = partial(_comm_time, cl, w, CommOptions(partition_bytes=partition), opts)
+        name = f"push_pull n={n} k={k} parts {partition >> 10} KiB" + (
+            f", {label}" if label else ""
+        )
+        src = files[0].name.rsplit("-r", 1)[0] + f"-r*.csv ({len(files)})"
+        load = f"{min(loads, key=float)}-{max(loads, key=float)}"
+        rows.append(Row(src, name, statistics.median(ts), pred, load, runs=ts))
+    return rows
+
+
 def fit_layer_overhead(
     cl: Cluster, w: workload.Workload, measured_s: float, mode: str = "cross-barrier"
 ) -> float:
@@ -173,9 +226,12 @@ def scenarios(quick: bool = False) -> List[Row]:
     rows = _comm_rows(RESULTS / "comm.csv", in_ci=(0, 4), partition=256 << 10)
     if quick:
         return [r for r in rows if r.in_ci]
-    for pb in (65536, 262144, 1048576):
-        rows += _comm_rows(RESULTS / f"comm-parts-{pb}.csv", in_ci=(), partition=pb)
     rows += _emulated_rows(RESULTS / "emulated.csv")
+    for pb in (65536, 262144, 1048576):
+        rows += repeated_rows(sorted(REPEATED.glob(f"parts-{pb}-r*.csv")), pb)
+    rows += repeated_rows(
+        sorted(REPEATED.glob("straggler-w3-500-r*.csv")), 256 << 10, "w3's link 500 Mbit/s"
+    )
     return rows
 
 
@@ -184,18 +240,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="only the rows CI checks")
     args = p.parse_args(argv)
     rows = scenarios(args.quick)
-    print("| source | scenario | measured s | simulated s | error | load (1/5/15 min) |")
-    print("|---|---|---:|---:|---:|---|")
+    print("| source | scenario | measured s | runs (min-max) | simulated s | error | load |")
+    print("|---|---|---:|---|---:|---:|---|")
     worst = 0.0
     for row in rows:
         row.predicted_s = row.predict()
         if row.scenario.startswith("fitted"):
-            print(f"| {row.source} | {row.scenario} | | | | |")
+            print(f"| {row.source} | {row.scenario} | | | | | |")
             continue
         worst = max(worst, abs(row.error))
+        spread = f"{len(row.runs)}: {min(row.runs):.3f}-{max(row.runs):.3f}" if row.runs else "1"
         print(
-            f"| {row.source} | {row.scenario} | {row.measured_s:.3f} | "
-            f"{row.predicted_s:.3f} | {100 * row.error:+.1f}% | {row.load} |"
+            f"| {row.source} | {row.scenario} | {row.measured_s:.3f} | {spread} | "
+            f"{row.predicted_s:.3f} | {100 * row.error:+.1f}% | {row.load} |",
+            flush=True,
         )
     print(f"\nlargest error {100 * worst:.1f}%")
     return 0

@@ -8,6 +8,15 @@ rate rises together until a link is full (its flows freeze) or a flow reaches it
 pacing rate, ``SO_MAX_PACING_RATE`` in the real code). That is TCP's long-run share per
 connection on a shared bottleneck, and exactly a paced flow's rate when the caps fit.
 
+**Headroom.** A flow may have a ``base`` below its cap (the servers' answers: paced at 1.5x
+their share, ``placement.ANSWER_HEADROOM``): the links are first shared with every flow
+limited to its base, and only the capacity left over goes to the headroom above it. On the
+emulated rack the headroom shortens answers when a link is otherwise idle (1 MiB parts,
+where each worker-server pair runs stop-and-wait, reach 0.6-0.7 of the bound only with it)
+and costs the pushes nothing when every link is busy (256 KiB parts reach 0.94-0.99 of the
+bound; a share that let answers take more than their base costs the pushes 10-25% there):
+docs/simulator.md, "Answer headroom".
+
 A flow takes the links as soon as it is sent and is delivered ``latency`` seconds after its
 last byte left (the trip through the switch): back-to-back parts on one connection keep
 the pipe full. Rates change only when a flow starts or ends, so the model is exact between
@@ -17,7 +26,7 @@ events.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .events import EventLoop
 
@@ -35,7 +44,7 @@ class Link:
 
 
 class Flow:
-    __slots__ = ("links", "left", "cap", "rate", "on_done", "size", "latency")
+    __slots__ = ("links", "left", "cap", "base", "rate", "on_done", "size", "latency")
 
     def __init__(
         self,
@@ -44,11 +53,13 @@ class Flow:
         cap: float,
         on_done: Callable[[], Any],
         latency: float = 0.0,
+        base: Optional[float] = None,
     ) -> None:
         self.links = links
         self.size = size
         self.left = size
         self.cap = cap
+        self.base = cap if base is None else min(base, cap)
         self.rate = 0.0
         self.on_done = on_done
         self.latency = latency
@@ -77,19 +88,23 @@ class Network:
         latency: float,
         on_done: Callable[[], Any],
         cap: float = math.inf,
+        base: Optional[float] = None,
     ) -> None:
         """Moves ``size`` bytes across ``links`` (with their coefficients); ``on_done`` runs
-        when the last byte arrived. ``cap``: the flow's own rate limit (bytes/s)."""
+        when the last byte arrived. ``cap``: the flow's own rate limit (bytes/s); ``base``
+        (default: the cap): the rate it competes for first, the rest only from spare room."""
         if size < 0:
             raise ValueError(f"flow size must be >= 0, got {size}")
         if not cap > 0:
             raise ValueError(f"flow cap must be > 0, got {cap}")
+        if base is not None and not base > 0:
+            raise ValueError(f"flow base rate must be > 0, got {base}")
         used = tuple((lk, c) for lk, c in links if c > 0)
         if size == 0 or not used:
             self.loop.after(latency, on_done)
             return
         self._advance()
-        self._active.append(Flow(used, float(size), float(cap), on_done, latency))
+        self._active.append(Flow(used, float(size), float(cap), on_done, latency, base))
         self._mark()
 
     def _mark(self) -> None:
@@ -129,78 +144,121 @@ class Network:
                 f.on_done()
 
     def _reshare(self) -> None:
-        """Progressive filling with weights: every unfrozen flow's rate is level x weight
-        until its link is full or it reaches its cap. A paced flow's weight is its pacing
-        rate (a backlogged FIFO queue serves each flow what it offers, so an overloaded
-        link scales paced flows down in proportion); an unpaced flow offers the whole link
-        (TCP's equal share among unpaced flows)."""
+        """Max-min fair rates with caps, in two rounds: every flow up to its base, then the
+        room left to the flows with headroom above their base, up to their caps."""
         self._generation += 1
         flows = self._active
         if not flows:
             return
-        room: Dict[int, float] = {}
-        load: Dict[int, float] = {}  # sum of coefficient x weight of unfrozen flows per link
-        weight: Dict[int, float] = {}
+        room: Dict[Link, float] = {}
         for f in flows:
             f.rate = 0.0
-            w = f.cap if math.isfinite(f.cap) else f.links[0][0].capacity
-            weight[id(f)] = w
-            for lk, c in f.links:
-                room[id(lk)] = lk.capacity
-                load[id(lk)] = load.get(id(lk), 0.0) + c * w
-        unfrozen = list(flows)
-        level = 0.0
-        while unfrozen:
-            # The next level at which a link fills or a flow hits its cap.
-            step = math.inf
-            for key, w in load.items():
-                if w > _EPS:
-                    step = min(step, room[key] / w)
-            for f in unfrozen:
-                if math.isfinite(f.cap):
-                    step = min(step, f.cap / weight[id(f)] - level)
-            step = max(step, 0.0)
-            level += step
-            for key, w in load.items():
-                room[key] -= step * w
-            full = {
-                key
-                for key, r in room.items()
-                if load[key] > _EPS and r <= 1e-9 * max(1.0, r + step * load[key])
-            }
-            still = []
-            for f in unfrozen:
-                w = weight[id(f)]
-                capped = math.isfinite(f.cap) and f.cap - level * w <= 1e-9 * f.cap
-                if capped or any(id(lk) in full for lk, _ in f.links):
-                    f.rate = min(level * w, f.cap)
-                    for lk, c in f.links:
-                        load[id(lk)] -= c * w
-                else:
-                    still.append(f)
-            if len(still) == len(unfrozen):  # numerical safety: freeze the rest
-                for f in still:
-                    f.rate = min(level * weight[id(f)], f.cap)
-                break
-            unfrozen = still
+            for lk, _ in f.links:
+                room[lk] = lk.capacity
+        _allot(flows, {id(f): f.base for f in flows}, room)
+        extra = {id(f): f.cap - f.base for f in flows if f.cap > f.base}
+        if extra:
+            _allot([f for f in flows if id(f) in extra], extra, room)
         soonest = min((f.left / f.rate for f in flows if f.rate > 0), default=math.inf)
         if math.isinf(soonest):
             raise RuntimeError("network stalled: active flows with zero rate")
         self.loop.after(max(soonest, 0.0), self._finish, self._generation)
 
 
+def _allot(flows: List[Flow], want: Dict[int, float], room: Dict[Link, float]) -> None:
+    """Adds to each flow's rate its max-min fair share of ``room`` (capacity left per link),
+    at most ``want[id(flow)]``, and takes it from ``room`` (progressive filling).
+
+    A link whose flows' wants all fit can never fill before they get them, so a flow
+    crossing only such links simply gets its want (the common case when pacing fits the
+    links); the filling runs on the other flows, over the overloaded links only."""
+    demand: Dict[Link, float] = {}
+    for f in flows:
+        x = want[id(f)]
+        for lk, c in f.links:
+            demand[lk] = demand.get(lk, 0.0) + c * x
+    over = {lk for lk, d in demand.items() if d > room[lk] * (1.0 + 1e-9)}
+    rest: List[Flow] = []
+    for f in flows:
+        if over and any(lk in over for lk, _ in f.links):
+            rest.append(f)
+            continue
+        x = want[id(f)]
+        f.rate += x
+        for lk, c in f.links:
+            room[lk] -= c * x
+    if not rest:
+        return
+    load: Dict[Link, float] = {lk: 0.0 for lk in over}
+    for f in rest:
+        for lk, c in f.links:
+            if lk in load:
+                load[lk] += c
+    got = {id(f): 0.0 for f in rest}
+    unfrozen = rest
+    level = 0.0
+    while unfrozen:
+        # The next level at which a link fills or a flow gets what it wants.
+        step = math.inf
+        for lk, ld in load.items():
+            if ld > _EPS:
+                s = room[lk] / ld
+                if s < step:
+                    step = s
+        for f in unfrozen:
+            s = want[id(f)] - level
+            if s < step:
+                step = s
+        step = max(step, 0.0)
+        level += step
+        full = set()
+        for lk, ld in load.items():
+            if ld > _EPS:
+                r = room[lk] - step * ld
+                room[lk] = r
+                if r <= 1e-9 * max(1.0, r + step * ld):
+                    full.add(lk)
+        still = []
+        for f in unfrozen:
+            x = want[id(f)]
+            if (x < math.inf and x - level <= 1e-9 * x) or any(lk in full for lk, _ in f.links):
+                got[id(f)] = min(level, x)
+                for lk, c in f.links:
+                    if lk in load:
+                        load[lk] -= c
+            else:
+                still.append(f)
+        if len(still) == len(unfrozen):  # numerical safety: freeze the rest
+            for f in still:
+                got[id(f)] = min(level, want[id(f)])
+            break
+        unfrozen = still
+    for f in rest:
+        g = got[id(f)]
+        f.rate += g
+        for lk, c in f.links:
+            if lk not in load:  # links outside the filling: take what the flow got there
+                room[lk] -= c * g
+
+
 def fair_rates(
     capacities: Dict[str, float],
-    flows: List[Tuple[Dict[str, float], Optional[float]]],
+    flows: Sequence[Tuple[Any, ...]],
 ) -> List[float]:
-    """The rates the network gives ``flows`` ((link -> coefficient), cap) on links of
-    ``capacities``: the same progressive filling, for tests and quick what-ifs."""
+    """The rates the network gives ``flows`` ((link -> coefficient), cap[, base]) on links
+    of ``capacities``: the same sharing, for tests and quick what-ifs."""
     loop = EventLoop()
     net = Network(loop)
     lks = {name: net.link(name, c) for name, c in capacities.items()}
     out = []
-    for coefs, cap in flows:
-        f = Flow(tuple((lks[n], c) for n, c in coefs.items()), 1.0, cap or math.inf, lambda: None)
+    for coefs, cap, *base in flows:
+        f = Flow(
+            tuple((lks[n], c) for n, c in coefs.items()),
+            1.0,
+            cap or math.inf,
+            lambda: None,
+            base=base[0] if base else None,
+        )
         net._active.append(f)
         out.append(f)
     net._reshare()

@@ -15,12 +15,13 @@ What is the real code and what is modelled:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-from .. import _core, config
+from .. import _core, config, placement
 from .cluster import HostGroup, Layout, group_pacing
 from .events import EventLoop
 from .network import Link, Network
@@ -38,11 +39,9 @@ class CommOptions:
     kernel_gbps: float = KERNEL_GBPS
     message_s: float = 20e-6  # server CPU per arriving push beyond the add (framing, syscalls)
     compression: float = 1.0  # bytes on the wire per gradient byte (0.5: fp16, ~1/32: 1-bit)
-    # Answers' pacing over their share. The real code gives them 1.5x (placement.
-    # ANSWER_HEADROOM) to catch up after delays the simulator does not have (CPU stalls);
-    # here every worker is in lock step, the answers of all servers burst together, and
-    # 1.5x costs pushes 10-20% of the bound that the rack never lost (docs/simulator.md).
-    answer_headroom: float = 1.0
+    # Answers' pacing over their share, as the real servers (placement.ANSWER_HEADROOM):
+    # the headroom only takes a link's spare room (fastps.sim.network, "Headroom").
+    answer_headroom: float = placement.ANSWER_HEADROOM
 
     def check(self) -> None:
         if self.partition_bytes <= 0:
@@ -67,8 +66,10 @@ class _Connection:
         links: List[Tuple[Link, float]],
         cap: float,
         latency: float,
+        base: Optional[float] = None,
     ) -> None:
         self.loop, self.net, self.links, self.cap, self.latency = loop, net, links, cap, latency
+        self.base = base
         self.queue: Deque[Tuple[float, Callable[[], None], Callable[[], None]]] = deque()
         self.busy = False
 
@@ -97,7 +98,7 @@ class _Connection:
         if not self.links:  # same host: shared memory, no link
             self.loop.after(0.0, sent)
         else:
-            self.net.send(self.links, nbytes, 0.0, sent, self.cap)
+            self.net.send(self.links, nbytes, 0.0, sent, self.cap, self.base)
 
 
 class _Engine:
@@ -161,7 +162,9 @@ class PushPull:
                 lat = c.latency_s if f > 0 else 0.0
                 key = (a.index, s.index)
                 self.push_conn[key] = _Connection(loop, net, push_links, push_cap[key], lat)
-                self.answer_conn[key] = _Connection(loop, net, answer_links, answer_cap[key], lat)
+                cap = answer_cap[key]
+                base = cap / opts.answer_headroom if math.isfinite(cap) else None
+                self.answer_conn[key] = _Connection(loop, net, answer_links, cap, lat, base)
         # The real scheduler per worker group. Its window is window_bytes x share x servers;
         # a group of m servers stands for m windows, so scale by real/simulated servers.
         credit = opts.credit_bytes or opts.partition_bytes
