@@ -73,6 +73,10 @@ class Network:
         self._last = 0.0
         self._generation = 0
         self._reshare_due = False
+        # Capacity left on each link by the current rates (links without flows: absent),
+        # and when the next flow is planned to finish.
+        self._room: Dict[Link, float] = {}
+        self._next_at = math.inf
 
     def link(self, name: str, capacity: float) -> Link:
         if name in self.links:
@@ -104,8 +108,37 @@ class Network:
             self.loop.after(latency, on_done)
             return
         self._advance()
-        self._active.append(Flow(used, float(size), float(cap), on_done, latency, base))
-        self._mark()
+        f = Flow(used, float(size), float(cap), on_done, latency, base)
+        self._active.append(f)
+        if self._reshare_due or not self._fits(f):
+            self._mark()
+            return
+        # Its cap fits in the room every link has left: nobody else's rate changes (a link
+        # with room bottlenecks no flow), so the flow just takes its cap.
+        f.rate = f.cap
+        room = self._room
+        for lk, c in used:
+            room[lk] = room.get(lk, lk.capacity) - c * f.cap
+        t = self.loop.now + f.left / f.rate
+        if t < self._next_at:
+            self._plan_finish(t)
+
+    def _fits(self, f: Flow) -> bool:
+        if f.cap == math.inf:
+            return False
+        room = self._room
+        return all(room.get(lk, lk.capacity) - c * f.cap > 1e-9 * lk.capacity for lk, c in f.links)
+
+    def _frees_nothing(self, f: Flow) -> bool:
+        """Whether ``f`` crosses only links with room left: then no other flow is limited
+        by any of them, and its end changes no rate."""
+        room = self._room
+        return all(room.get(lk, lk.capacity) > 1e-9 * lk.capacity for lk, _ in f.links)
+
+    def _plan_finish(self, when: float) -> None:
+        self._generation += 1
+        self._next_at = when
+        self.loop.at(when, self._finish, self._generation)
 
     def _mark(self) -> None:
         # Many flows start and end at one instant: share once, after all of them.
@@ -136,7 +169,17 @@ class Network:
             done = [min(self._active, key=lambda f: f.left / f.rate if f.rate > 0 else math.inf)]
         ids = {id(f) for f in done}
         self._active = [f for f in self._active if id(f) not in ids]
-        self._mark()
+        self._next_at = math.inf
+        if not self._reshare_due and all(self._frees_nothing(f) for f in done):
+            room = self._room
+            for f in done:
+                for lk, c in f.links:
+                    room[lk] += c * f.rate
+            soonest = min((f.left / f.rate for f in self._active if f.rate > 0), default=math.inf)
+            if soonest < math.inf:
+                self._plan_finish(self.loop.now + max(soonest, 0.0))
+        else:
+            self._mark()
         for f in done:
             if f.latency > 0:
                 self.loop.after(f.latency, f.on_done)
@@ -149,6 +192,8 @@ class Network:
         self._generation += 1
         flows = self._active
         if not flows:
+            self._room = {}
+            self._next_at = math.inf
             return
         room: Dict[Link, float] = {}
         for f in flows:
@@ -159,10 +204,11 @@ class Network:
         extra = {id(f): f.cap - f.base for f in flows if f.cap > f.base}
         if extra:
             _allot([f for f in flows if id(f) in extra], extra, room)
+        self._room = room
         soonest = min((f.left / f.rate for f in flows if f.rate > 0), default=math.inf)
         if math.isinf(soonest):
             raise RuntimeError("network stalled: active flows with zero rate")
-        self.loop.after(max(soonest, 0.0), self._finish, self._generation)
+        self._plan_finish(self.loop.now + max(soonest, 0.0))
 
 
 def _allot(flows: List[Flow], want: Dict[int, float], room: Dict[Link, float]) -> None:
@@ -189,56 +235,50 @@ def _allot(flows: List[Flow], want: Dict[int, float], room: Dict[Link, float]) -
             room[lk] -= c * x
     if not rest:
         return
+    # Water-filling over the overloaded links: the tightest link's fair level (room over
+    # the coefficients of its unfrozen flows) never falls when a flow is frozen at or below
+    # it, so flows that want less than that level get what they want (smallest first),
+    # and otherwise every unfrozen flow on the tightest link is frozen at its level.
     load: Dict[Link, float] = {lk: 0.0 for lk in over}
+    on: Dict[Link, List[Flow]] = {lk: [] for lk in over}
     for f in rest:
         for lk, c in f.links:
             if lk in load:
                 load[lk] += c
-    got = {id(f): 0.0 for f in rest}
-    unfrozen = rest
-    level = 0.0
-    while unfrozen:
-        # The next level at which a link fills or a flow gets what it wants.
-        step = math.inf
-        for lk, ld in load.items():
-            if ld > _EPS:
-                s = room[lk] / ld
-                if s < step:
-                    step = s
-        for f in unfrozen:
-            s = want[id(f)] - level
-            if s < step:
-                step = s
-        step = max(step, 0.0)
-        level += step
-        full = set()
-        for lk, ld in load.items():
-            if ld > _EPS:
-                r = room[lk] - step * ld
-                room[lk] = r
-                if r <= 1e-9 * max(1.0, r + step * ld):
-                    full.add(lk)
-        still = []
-        for f in unfrozen:
-            x = want[id(f)]
-            if (x < math.inf and x - level <= 1e-9 * x) or any(lk in full for lk, _ in f.links):
-                got[id(f)] = min(level, x)
-                for lk, c in f.links:
-                    if lk in load:
-                        load[lk] -= c
-            else:
-                still.append(f)
-        if len(still) == len(unfrozen):  # numerical safety: freeze the rest
-            for f in still:
-                got[id(f)] = min(level, want[id(f)])
-            break
-        unfrozen = still
-    for f in rest:
-        g = got[id(f)]
-        f.rate += g
+                on[lk].append(f)
+    order = sorted(rest, key=lambda f: want[id(f)])
+    frozen: Dict[int, float] = {}
+
+    def freeze(f: Flow, x: float) -> None:
+        frozen[id(f)] = x
+        f.rate += x
         for lk, c in f.links:
-            if lk not in load:  # links outside the filling: take what the flow got there
-                room[lk] -= c * g
+            room[lk] -= c * x
+            if lk in load:
+                load[lk] -= c
+
+    i = 0
+    while len(frozen) < len(order):
+        tightest, level = None, math.inf
+        for lk, ld in load.items():
+            if ld > _EPS:
+                lv = room[lk] / ld
+                if lv < level:
+                    tightest, level = lk, lv
+        while i < len(order) and id(order[i]) in frozen:
+            i += 1
+        if want[id(order[i])] <= level:
+            while i < len(order) and want[id(order[i])] <= level:
+                if id(order[i]) not in frozen:
+                    freeze(order[i], want[id(order[i])])
+                i += 1
+            continue
+        if tightest is None:  # cannot happen: every flow left crosses an overloaded link
+            raise RuntimeError("network sharing: a flow wants more than any link limits")
+        level = max(level, 0.0)
+        for f in on[tightest]:
+            if id(f) not in frozen:
+                freeze(f, level)
 
 
 def fair_rates(
