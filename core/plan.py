@@ -119,14 +119,16 @@ def plan(args: argparse.Namespace) -> int:
     best = min(t for _, t, _ in rows)
     k_rec, t_rec, b_rec = next(r for r in rows if r[1] <= best * (1 + args.tolerance))
     cl = replace(base, cpu_machines=k_rec)
-    # No iteration is faster than the compute: when the pick is within the tolerance of
-    # it, no part size or compression can be better by more, and none is simulated.
+    # No iteration is faster than the compute, nor than the communication bound of its
+    # bytes: when the pick is within the tolerance of max(compute, bound), no part size can
+    # be better by more, and none is simulated; within it of the compute, no compression.
     gpu_bound = t_rec <= w.compute_s * (1 + args.tolerance)
+    at_bound = t_rec <= max(w.compute_s, b_rec) * (1 + args.tolerance)
     parts = []
     for pb in PART_SIZES:
         if pb == DEFAULT_PART:
             parts.append((pb, t_rec))
-        elif not gpu_bound:
+        elif not at_bound:
             parts.append((pb, _predict(cl, w, replace(comm, partition_bytes=pb), opts)))
     best_p = min(t for _, t in parts)
     part_rec = (
@@ -147,16 +149,18 @@ def plan(args: argparse.Namespace) -> int:
         f"\nrecommended: k = {k_rec} CPU machines ({t_rec:.4f} s/iteration, bound "
         f"{b_rec:.4f} s, compute {w.compute_s:.4f} s)"
     )
-    skipped = " (others not simulated: within the tolerance of the compute)" if gpu_bound else ""
+    skipped = " (others not simulated: {} within the tolerance)"
     print(
         "  part size: "
         + ", ".join(f"{pb >> 10} KiB {t:.4f} s" for pb, t in parts)
-        + f" -> {part_rec >> 10} KiB{skipped}"
+        + f" -> {part_rec >> 10} KiB"
+        + (skipped.format("max(compute, bound)") if at_bound else "")
     )
     print(
         "  compression: "
         + ", ".join(f"{n} {t:.4f} s" for n, t in comp)
-        + f" -> {comp_rec}{skipped}"
+        + f" -> {comp_rec}"
+        + (skipped.format("compute") if gpu_bound else "")
         + ("" if comp_rec == "none" else " (lossy: check convergence)")
     )
     if w.compute_s >= t_rec * 0.97:
