@@ -201,7 +201,12 @@ class Network:
             for lk, _ in f.links:
                 room[lk] = lk.capacity
         _allot(flows, {id(f): f.base for f in flows}, room)
-        extra = {id(f): f.cap - f.base for f in flows if f.cap > f.base}
+        # Room only shrinks in the second round: a flow with a full link gets nothing more.
+        extra = {
+            id(f): f.cap - f.base
+            for f in flows
+            if f.cap > f.base and all(room[lk] > 1e-9 * lk.capacity for lk, _ in f.links)
+        }
         if extra:
             _allot([f for f in flows if id(f) in extra], extra, room)
         self._room = room
