@@ -14,11 +14,14 @@ The result is a pure function of the membership, so every worker computes the sa
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .errors import FastPSError
+
+log = logging.getLogger("fastps.placement")
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,13 @@ def server_weights(
     worker_hostnames: Sequence[str],
     servers: Sequence[ServerSpot],
     bandwidths: Optional[Mapping[str, float]] = None,
+    default_mbit: Optional[float] = None,
 ) -> List[float]:
     """Share of bytes for each server id (sorted by id), summing to 1.
 
     A server whose host also runs a worker is "colocated"; others are CPU machines. Several
-    servers on one host split that host's share evenly.
+    servers on one host split that host's share evenly. A host missing from ``bandwidths``
+    runs at ``default_mbit`` when given, else at the fastest listed rate.
     """
     if not servers:
         return []
@@ -93,7 +98,10 @@ def server_weights(
         by_host.setdefault(s.hostname, []).append(s.id)
     cpu_hosts = [h for h in by_host if h not in worker_hosts]
     colocated_hosts = [h for h in by_host if h in worker_hosts]
-    default_bw = max(bandwidths.values(), default=1.0)
+    if default_mbit is not None and default_mbit > 0:
+        default_bw = float(default_mbit)
+    else:
+        default_bw = max(bandwidths.values(), default=1.0)
     worker_bw = min((bandwidths.get(h, default_bw) for h in worker_hosts), default=default_bw)
     # Worker machines without a server cannot take a colocated share.
     n = len(worker_hosts)
@@ -179,14 +187,44 @@ def pacing_plan(
     return worker_rates, server_rates
 
 
+def stated_link_mbit() -> Optional[float]:
+    """FASTPS_LINK_MBIT when it is a number (the same on every process, unlike ``auto``,
+    which each process measures on its own interface), else None."""
+    text = os.environ.get("FASTPS_LINK_MBIT", "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+_warned_unlisted: set = set()
+
+
 def membership_weights(membership: Any) -> List[float]:
     """server_weights for a job's membership, with FASTPS_HOST_BANDWIDTHS: what every
-    process of the job computes the same way."""
-    return server_weights(
-        [w.hostname for w in membership.workers],
-        [ServerSpot(s.id, s.hostname) for s in membership.servers],
-        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
-    )
+    process of the job computes the same way. Hosts the variable does not name run at a
+    stated FASTPS_LINK_MBIT, else at the fastest listed rate (said once in a warning: listing
+    only the slow host would otherwise make every host look equally slow)."""
+    bandwidths = parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS"))
+    workers = [w.hostname for w in membership.workers]
+    spots = [ServerSpot(s.id, s.hostname) for s in membership.servers]
+    default = stated_link_mbit()
+    if bandwidths:
+        hosts = set(workers) | {s.hostname for s in spots}
+        unlisted = tuple(sorted(hosts - set(bandwidths)))
+        if unlisted and unlisted not in _warned_unlisted:
+            _warned_unlisted.add(unlisted)
+            assumed = default if default is not None else max(bandwidths.values())
+            source = "FASTPS_LINK_MBIT" if default is not None else "the fastest listed"
+            log.warning(
+                "FASTPS_HOST_BANDWIDTHS does not name %s: taken as %.0f Mbit/s (%s); "
+                "name every host to be exact",
+                ", ".join(unlisted),
+                assumed,
+                source,
+            )
+    return server_weights(workers, spots, bandwidths, default)
 
 
 def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> tuple:

@@ -56,6 +56,33 @@ def test_unequal_cpu_bandwidth_gets_proportional_share() -> None:
         parse_bandwidths("c0=fast")
 
 
+def test_unlisted_hosts_take_the_stated_link_rate(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Naming only the slow CPU machine: with FASTPS_LINK_MBIT stated, the others run at it
+    (the slow one gets half a fast one's share); without it they take the fastest listed rate
+    (all equal) and a warning names them."""
+    from types import SimpleNamespace
+
+    from fastps.placement import membership_weights
+
+    workers, servers = layout(4, 2)
+    m = SimpleNamespace(
+        workers=[SimpleNamespace(hostname=h) for h in workers],
+        servers=[SimpleNamespace(id=s.id, hostname=s.hostname) for s in servers],
+    )
+    monkeypatch.setenv("FASTPS_HOST_BANDWIDTHS", "c1=500")
+    monkeypatch.setenv("FASTPS_LINK_MBIT", "1000")
+    w = membership_weights(m)
+    assert w == pytest.approx(server_weights(workers, servers, {"c1": 500.0}, 1000.0))
+    assert w[4] == pytest.approx(2 * w[5])
+    monkeypatch.setenv("FASTPS_LINK_MBIT", "auto")
+    with caplog.at_level("WARNING", logger="fastps.placement"):
+        w = membership_weights(m)
+    assert w[4] == pytest.approx(w[5])
+    assert "does not name c0, w0, w1, w2, w3" in caplog.text
+
+
 def test_optimal_time_matches_allreduce_and_ps_limits() -> None:
     m, b = 100.0, 10.0
     assert optimal_time(4, 0, m, b) == pytest.approx(2 * 3 * m / (4 * b))  # ring all-reduce
