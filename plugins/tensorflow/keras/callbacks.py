@@ -19,32 +19,56 @@ __all__ = [
 ]
 
 
+class Callback(keras.callbacks.Callback):
+    """Keras 3's callback base, with the hooks Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``)
+    asks every callback about, so that these callbacks work in either's ``model.fit``."""
+
+    _supports_tf_logs = False
+    _chief_worker_only = None
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+
 def _optimizer_variables(optimizer: Any) -> List[Any]:
     if optimizer is None or not getattr(optimizer, "built", False):
         return []
     return list(optimizer.variables)
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(Callback):
     """Sets every worker's model (and optimizer) state to ``root_rank``'s when training starts.
 
     At ``on_train_begin`` it broadcasts ``model.weights`` (trainable and non-trainable, e.g.
     batch-norm statistics) and, if the optimizer is built, its variables; an optimizer that
     Keras builds lazily is broadcast after the first batch instead. Workers whose models
-    differ get an error naming the first differing variable.
+    differ get an error naming the first differing variable. ``local_variables`` (Horovod's
+    model-parallel layers) keep each worker's own values: they are left out of the
+    broadcast.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(
+        self, root_rank: int = 0, device: str = "", local_variables: Optional[List[Any]] = None
+    ) -> None:
         super().__init__()
         del device  # accepted for Horovod compatibility
         self.root_rank = int(root_rank)
+        # By identity: Keras variables compare element-wise, not as objects.
+        self._local = {id(v) for v in local_variables or []}
         self._model_done = False
         self._optimizer_done = False
 
     def _broadcast(self) -> None:
         model = self.model
         if not self._model_done:
-            O.broadcast_variables(model.weights, self.root_rank, name="keras.broadcast.model")
+            weights = [w for w in model.weights if id(w) not in self._local]
+            O.broadcast_variables(weights, self.root_rank, name="keras.broadcast.model")
             self._model_done = True
         if not self._optimizer_done:
             variables = _optimizer_variables(getattr(model, "optimizer", None))
@@ -63,7 +87,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._optimizer_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(Callback):
     """Replaces each numeric value of the epoch's logs by its average over all workers.
 
     Put it before callbacks that read the metrics (checkpointing, early stopping, schedules),
@@ -125,7 +149,7 @@ def _set_lr(model: Any, lr: float, momentum_correction: bool) -> None:
             m.assign(m * (lr / old))
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
+class LearningRateWarmupCallback(Callback):
     """Ramps the learning rate from ``initial_lr / size()`` up to ``initial_lr`` over the
     first ``warmup_epochs`` epochs, batch by batch (Goyal et al., "Accurate, Large Minibatch
     SGD"): large data-parallel batches train stably when the scaled-up rate is reached
@@ -210,7 +234,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             logs["learning_rate"] = self._current_lr()
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(Callback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` up to
     (not including) ``end_epoch`` (Horovod's callback of the same name).
 

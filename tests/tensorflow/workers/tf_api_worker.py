@@ -308,10 +308,34 @@ def check_callbacks(r: int, n: int) -> None:
     )
     assert abs(float(model.optimizer.learning_rate) - 0.2) < 1e-6
     check_schedule_callback()
+    check_broadcast_callback_local_variables(r, n)
     print(
-        "MetricAverageCallback, LearningRateWarmupCallback, LearningRateScheduleCallback: ok",
+        "MetricAverageCallback, LearningRateWarmupCallback, LearningRateScheduleCallback, "
+        "BroadcastGlobalVariablesCallback(local_variables): ok",
         flush=True,
     )
+
+
+def check_broadcast_callback_local_variables(r: int, n: int) -> None:
+    """BroadcastGlobalVariablesCallback(local_variables=...): those keep this rank's values,
+    every other weight becomes the root's."""
+    init = keras.initializers.Constant(float(r))
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init),
+            keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init),
+        ]
+    )
+    local = list(model.layers[0].weights)
+    root = n - 1
+    cb = hvdk.callbacks.BroadcastGlobalVariablesCallback(root_rank=root, local_variables=local)
+    cb.set_model(model)
+    cb.on_train_begin()
+    for w in model.layers[0].weights:
+        assert np.all(np.asarray(w) == r), (w.path, np.asarray(w))
+    for w in model.layers[1].weights:
+        assert np.all(np.asarray(w) == root), (w.path, np.asarray(w))
 
 
 def check_schedule_callback() -> None:
