@@ -1,4 +1,5 @@
-"""DistributedOptimizer for Keras 3 optimizers: gradients are averaged before every update."""
+"""DistributedOptimizer for Keras 3 (and Keras 2 ``tf_keras``) optimizers: gradients are
+averaged before every update."""
 
 from __future__ import annotations
 
@@ -52,6 +53,48 @@ def _distributed_class(base: Any) -> Any:
     return cls
 
 
+def _keras2_class(base: Any) -> Any:
+    """A subclass of a Keras 2 (``tf_keras``) optimizer class whose ``apply_gradients``
+    (which ``model.fit`` and custom loops call) reduces the gradients first."""
+    cls = _classes.get(base)
+    if cls is not None:
+        return cls
+
+    @E.no_autograph
+    def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = list(grads_and_vars)
+        variables = [v for _, v in pairs]
+        reduced = self._fastps_reducer.reduce([g for g, _ in pairs], variables)
+        return base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs)
+
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            "apply_gradients": apply_gradients,
+            "__module__": base.__module__,
+            "__doc__": base.__doc__,
+            "_fastps_distributed": True,
+        },
+    )
+    _classes[base] = cls
+    return cls
+
+
+def _is_keras2_optimizer(optimizer: Any) -> bool:
+    """A ``tf_keras`` optimizer (Keras 2: ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` it),
+    current or legacy."""
+    try:
+        import tf_keras
+    except ImportError:
+        return False
+    kinds = [tf_keras.optimizers.Optimizer]
+    legacy = getattr(tf_keras.optimizers, "legacy", None)
+    if legacy is not None:
+        kinds.append(legacy.Optimizer)
+    return isinstance(optimizer, tuple(kinds))
+
+
 def DistributedOptimizer(
     optimizer: Any,
     name: Optional[str] = None,
@@ -69,7 +112,8 @@ def DistributedOptimizer(
     scale_local_gradients: bool = True,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
-    gradients averaged (``op=Sum``: summed) over all workers.
+    gradients averaged (``op=Sum``: summed) over all workers. A Keras 2 optimizer
+    (``tf_keras``, current or ``legacy``) is wrapped the same way at ``apply_gradients``.
 
     ``apply`` and ``apply_gradients`` (which ``model.fit`` calls) push_pull every gradient,
     highest priority to the variable first in ``trainable_variables`` (layer order), then
@@ -87,9 +131,14 @@ def DistributedOptimizer(
         )
     import keras
 
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        make_class = _distributed_class
+    elif _is_keras2_optimizer(optimizer):
+        make_class = _keras2_class
+    else:
         raise TypeError(
-            f"DistributedOptimizer wraps Keras 3 optimizers (keras.optimizers.Optimizer); got "
+            f"DistributedOptimizer wraps Keras 3 optimizers (keras.optimizers.Optimizer) and "
+            f"Keras 2 ones (tf_keras.optimizers, current or legacy); got "
             f"{type(optimizer).__name__}. For custom loops use DistributedGradientTape."
         )
     if getattr(optimizer, "_fastps_distributed", False):
@@ -97,7 +146,7 @@ def DistributedOptimizer(
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
-    cls = _distributed_class(type(optimizer))
+    cls = make_class(type(optimizer))
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

@@ -15,6 +15,9 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 TF_SPEC="tensorflow-cpu==2.21.*"
 TEST_DEPS=(pytest pytest-timeout scikit-learn)
+# Keras 2 (tf.keras under TF_USE_LEGACY_KERAS=1), for the Keras 2 tests. Without its
+# dependencies: it asks for the `tensorflow` distribution, and tensorflow-cpu is that here.
+KERAS2_SPEC="tf-keras==2.21.*"
 VENV=.venv-tf
 export TF_CPP_MIN_LOG_LEVEL=2 TF_ENABLE_ONEDNN_OPTS=0
 
@@ -35,6 +38,14 @@ if importlib.util.find_spec("torch") is not None:
 PYEOF
 }
 
+# Adds Keras 2 to the interpreter $1 if it lacks it.
+ensure_keras2() {
+  if ! "$1" -c "import tf_keras" >/dev/null 2>&1; then
+    say "installing $KERAS2_SPEC (no dependencies) into $1"
+    pip_q "$1" --no-deps "$KERAS2_SPEC" || say "could not install $KERAS2_SPEC: the Keras 2 test will fail"
+  fi
+}
+
 # fastps itself must be importable (editable install) in the main interpreter.
 if ! "$PY" -c "import importlib.util as u, fastps._core
 assert u.find_spec('fastps.tensorflow')" >/dev/null 2>&1; then
@@ -53,6 +64,7 @@ if [ "${FASTPS_TF_VENV:-0}" != "1" ]; then
     pip_q "$PY" -c "$constraints" "$TF_SPEC" "${TEST_DEPS[@]}" || say "that did not work"
   fi
   if usable "$PY"; then
+    ensure_keras2 "$PY"
     "$PY" -c 'import sys; print(sys.executable)'
     exit 0
   fi
@@ -72,4 +84,5 @@ if ! usable "$VENV/bin/python"; then
   "$VENV/bin/python" -c "import tensorflow, fastps.tensorflow" >&2 || true
   exit 1
 fi
+ensure_keras2 "$VENV/bin/python"
 "$VENV/bin/python" -c 'import sys; print(sys.executable)'

@@ -23,6 +23,13 @@ def test_every_function_on_every_dtype() -> None:
     _ok(fastpsrun(2, [str(WORKERS / "tf_api_worker.py")]), 2)
 
 
+def test_keras2_fit() -> None:
+    """Under Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1): DistributedOptimizer around a current
+    and a legacy tf_keras optimizer plus the callbacks in model.fit leave every rank with
+    the same weights and averaged losses, and the scheduled learning rates."""
+    _ok(fastpsrun(2, [str(WORKERS / "tf_keras2_worker.py")]), 2)
+
+
 @pytest.mark.parametrize(
     "n,modes", [(2, "tape,tape-eager,tape-grouped,fit,fit-grouped"), (3, "tape,fit")]
 )

@@ -307,7 +307,78 @@ def check_callbacks(r: int, n: int) -> None:
         callbacks=[hvdk.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=1)],
     )
     assert abs(float(model.optimizer.learning_rate) - 0.2) < 1e-6
-    print("MetricAverageCallback, LearningRateWarmupCallback: ok", flush=True)
+    check_schedule_callback()
+    check_broadcast_callback_local_variables(r, n)
+    print(
+        "MetricAverageCallback, LearningRateWarmupCallback, LearningRateScheduleCallback, "
+        "BroadcastGlobalVariablesCallback(local_variables): ok",
+        flush=True,
+    )
+
+
+def check_broadcast_callback_local_variables(r: int, n: int) -> None:
+    """BroadcastGlobalVariablesCallback(local_variables=...): those keep this rank's values,
+    every other weight becomes the root's."""
+    init = keras.initializers.Constant(float(r))
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init),
+            keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init),
+        ]
+    )
+    local = list(model.layers[0].weights)
+    root = n - 1
+    cb = hvdk.callbacks.BroadcastGlobalVariablesCallback(root_rank=root, local_variables=local)
+    cb.set_model(model)
+    cb.on_train_begin()
+    for w in model.layers[0].weights:
+        assert np.all(np.asarray(w) == r), (w.path, np.asarray(w))
+    for w in model.layers[1].weights:
+        assert np.all(np.asarray(w) == root), (w.path, np.asarray(w))
+
+
+def check_schedule_callback() -> None:
+    """Two chained staircase ranges, then a per-batch (fractional epoch) one; the rate is
+    left alone outside every range."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.5), loss="mse")
+    sched = hvdk.callbacks.LearningRateScheduleCallback
+    cbs = [
+        sched(initial_lr=1.0, multiplier=0.1, start_epoch=1, end_epoch=2),
+        sched(initial_lr=1.0, multiplier=lambda e: e, start_epoch=3, staircase=False),
+    ]
+    for cb in cbs:
+        cb.set_model(model)
+        cb.set_params({"steps": 4})
+        cb.on_train_begin()
+    seen = []
+    for epoch in range(5):
+        for cb in cbs:
+            cb.on_epoch_begin(epoch)
+        for batch in range(4):
+            for cb in cbs:
+                cb.on_train_batch_begin(batch)
+            seen.append(round(float(model.optimizer.learning_rate), 6))
+    want = [0.5] * 4 + [0.1] * 4 + [0.1] * 4 + [3 + b / 4 for b in range(4)]
+    want += [4 + b / 4 for b in range(4)]
+    assert np.allclose(seen, want), (seen, want)
+    try:
+        bad = sched(initial_lr=1.0, multiplier=lambda e: e, staircase=False)
+        bad.set_model(model)
+        bad.set_params({})
+        bad.on_train_begin()
+    except ValueError as exc:
+        assert "steps_per_epoch" in str(exc), exc
+    else:
+        raise AssertionError("staircase=False without steps_per_epoch must raise")
+    # In model.fit: epochs 0-1 keep the compiled rate, epoch 2 on use 0.5 * 0.2.
+    x = np.ones((8, 2), np.float32)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    hist = model.fit(
+        x, x[:, :1], batch_size=4, epochs=3, verbose=0, callbacks=[sched(0.5, 0.2, start_epoch=2)]
+    )
+    assert np.allclose(hist.history["learning_rate"], [0.5, 0.5, 0.1]), hist.history
 
 
 def main() -> None:
