@@ -225,7 +225,7 @@ class ElasticLauncher(Launcher):
             wire.ADDR_VAR: self._service_addr,
             wire.ID_VAR: slot_id,
             wire.JOB_VAR: self.job_id,
-            "FASTPS_ELASTIC_TIMEOUT": f"{self.elastic_timeout:g}",
+            "FASTPS_ELASTIC_TIMEOUT": f"{self.rendezvous_timeout:g}",
             "HOROVOD_ELASTIC": "1",
             "HOROVOD_HOSTNAME": host,
         }
@@ -407,15 +407,15 @@ class ElasticLauncher(Launcher):
         self.below_min_since = None
         if not self.waiting or self.finishing:
             return
-        missing = [s.id for s in alive if s.id not in self.waiting]
+        missing = [s for s in alive if s.id not in self.waiting]
         if not missing:
             self._form(alive)
             return
-        since = min(self.waiting.values())
-        if now - since > self.elastic_timeout:
+        if now - min(self.waiting.values()) > self.rendezvous_timeout:
             self.error = (
-                f"rendezvous incomplete after --elastic-timeout {self.elastic_timeout:g} s: "
-                f"workers on slots {', '.join(missing)} did not come"
+                f"rendezvous incomplete after {self.rendezvous_timeout:g} s (the longer of "
+                f"--elastic-timeout and --timeout): workers on slots "
+                f"{', '.join(s.id for s in missing)} did not come"
             )
 
     def _form(self, alive: List[_Slot]) -> None:
@@ -591,8 +591,16 @@ class ElasticLauncher(Launcher):
                 "removed": self.epoch - since > added,
             }
 
+    @property
+    def rendezvous_timeout(self) -> float:
+        """How long a rendezvous waits for a live worker. At least the registration timeout
+        (--timeout): a worker may still be starting (imports, model building; slow on a
+        loaded machine), and one that failed takes a moment to exit. Horovod's elastic
+        timeout, too, bounds the wait for enough hosts, not for a process."""
+        return max(self.elastic_timeout, self.timeout)
+
     def _rendezvous(self, slot_id: str, after: int) -> Dict[str, Any]:
-        deadline = time.monotonic() + self.elastic_timeout + 10.0
+        deadline = time.monotonic() + self.rendezvous_timeout + 10.0
         with self.cond:
             slot = self.slots.get(slot_id)
             if slot is None or slot.state != "running":
