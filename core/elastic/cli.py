@@ -128,5 +128,7 @@ def elastic_launcher_from_cli(
         cooldown_range=None if cooldown is None else (float(cooldown[0]), float(cooldown[1])),
         blacklist_scope=opts.get("blacklist") or "slot",
         discovery_interval=discovery_interval(env),
+        defer_join=str(env.get("FASTPS_ELASTIC_DEFER_JOIN", "0")).strip().lower()
+        in ("1", "true", "yes", "on"),
         **launcher_kwargs,
     )

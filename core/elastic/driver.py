@@ -140,6 +140,7 @@ class ElasticLauncher(Launcher):
         reset_limit: Optional[int] = None,
         cooldown_range: Optional[Tuple[float, float]] = None,
         blacklist_scope: str = "slot",
+        defer_join: bool = False,
         **kwargs: Any,
     ) -> None:
         if min_np < 1:
@@ -165,6 +166,7 @@ class ElasticLauncher(Launcher):
         self.discovery_interval = discovery_interval
         self.reset_limit = reset_limit
         self.blacklist_scope = blacklist_scope
+        self.defer_join = defer_join  # new workers interrupt once they can join, not at start
         self.blacklist = _Blacklist(cooldown_range)
         self.local_names = _local_names()
         self.cond = threading.Condition()
@@ -389,7 +391,8 @@ class ElasticLauncher(Launcher):
             resurrected = key in self.blacklist.until
             if resurrected and old is not None and old.state == "failed":
                 say(f"slot {slot_id}: its blacklist cooldown ended, starting a worker again")
-            self._start_worker(slot_id, host, announce=self.generation >= 0 and not resurrected)
+            announce = self.generation >= 0 and not resurrected and not self.defer_join
+            self._start_worker(slot_id, host, announce=announce)
             alive += 1
 
     # ------------------------------------------------------------ generations
