@@ -50,12 +50,13 @@ def _env(subprocess_env) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 7 scenarios, 11 elastic jobs of torch workers
 def test_horovod_elastic_torch_scenarios(subprocess_env):
     _need(SCENARIOS, ("torch", "mock", "psutil", "cloudpickle"))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
          str(COMPAT / "elastic_torch_scenarios.py")],
-        env=_env(subprocess_env), capture_output=True, text=True, timeout=1500, cwd=str(COMPAT),
+        env=_env(subprocess_env), capture_output=True, text=True, timeout=1700, cwd=str(COMPAT),
     )  # fmt: skip
     tail = proc.stdout[-8000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
@@ -79,6 +80,7 @@ def _torchvision_problem(env) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_horovod_elastic_synthetic_benchmark(tmp_path, subprocess_env):
     _need((EXAMPLE,), ("torch",))
     env = _env(subprocess_env)
