@@ -24,6 +24,7 @@ log = logging.getLogger("fastps.elastic")
 
 RETRY_DELAY = 1.0  # after a failed watch request (the driver busy, or gone)
 MAX_FAILURES = 30  # consecutive failed requests before the watcher gives up
+QUIET_DELAY = 0.2  # after an answer without news
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -80,6 +81,10 @@ class _Watcher:
                 continue
             failures = 0
             now = int(answer.get("epoch", 0))
+            if epoch is not None and now == epoch:
+                # No news: normally after the driver's 20 s; at once when the job is
+                # ending. Either way, do not ask again in a tight loop.
+                time.sleep(QUIET_DELAY)
             if epoch is not None and now > epoch:
                 result = HostUpdateResult.no_update
                 if answer.get("added"):
