@@ -35,10 +35,13 @@ def test_gluon_state_survives_two_failures(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:]
     assert "KILL localhost:2 step=4 where=backward" in out, out[-6000:]
-    assert "KILL localhost:1 step=8 where=commit" in out, out[-6000:]
+    assert "KILL localhost:1 step=9 where=commit" in out, out[-6000:]  # step 8 done, saved
     sizes = {int(s): int(n) for s, n in re.findall(r"STEP (\d+) size=(\d+)", out)}
     assert sizes[1] == 3 and sizes[14] == 1, sizes
     result = json.loads(re.search(r"RESULT (.*)", out).group(1))
     assert result["resets"] == [2, 1], result
+    # MXNet's optimizer ops take lr and rescale_grad (1/rows, rows = 12/world) as float32,
+    # so worlds of 3, 2 and 1 round them differently (~1e-8); a step lost or applied twice
+    # would move the parameters by ~1e-2.
     for got, want in zip(result["got"], result["want"]):
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
