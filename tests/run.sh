@@ -10,7 +10,8 @@ PY=${PYTHON:-python3}
 echo "== installing build and test dependencies"
 $PY -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=1.1" "pybind11>=2.11" cmake ninja numpy click \
-  pytest pytest-timeout scikit-learn matplotlib "ruff==0.17.6" pyyaml mypy rich torch==2.13.0
+  pytest pytest-timeout scikit-learn matplotlib "ruff==0.17.6" pyyaml mypy rich torch==2.13.0 \
+  mock psutil cloudpickle  # the last three: Horovod's elastic scenarios (tests/elastic/test_horovod_elastic.py)
 # Editable, so the test workers import this checkout; scikit-build-core configures CMake in a
 # fresh temporary directory each time, so nothing an earlier build left is trusted.
 echo "== building fastps (C++ core), editable"

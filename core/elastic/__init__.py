@@ -14,6 +14,7 @@ from typing import Any
 _NAMES = {
     "HorovodInternalError": "..collectives",
     "HostsUpdatedInterrupt": "..collectives",
+    "HostUpdateResult": ".notifications",
     "ObjectState": ".state",
     "State": ".state",
     "run_fn": ".run",

@@ -9,7 +9,15 @@ import click
 
 from ..errors import FastPSError
 
-ELASTIC_KEYS = ("min_np", "max_np", "host_discovery_script", "elastic_timeout")
+ELASTIC_KEYS = (
+    "min_np",
+    "max_np",
+    "host_discovery_script",
+    "elastic_timeout",
+    "reset_limit",
+    "blacklist_cooldown_range",
+    "blacklist",
+)
 
 
 def elastic_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,6 +47,28 @@ def elastic_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="Elastic mode: seconds to wait for --min-np workers or an incomplete "
             "rendezvous before failing [default: 600].",
+        ),
+        click.option(
+            "--reset-limit",
+            type=click.IntRange(min=0),
+            default=None,
+            help="Elastic mode: most changes of world (new generations after the first) "
+            "before the job stops [default: no limit].",
+        ),
+        click.option(
+            "--blacklist-cooldown-range",
+            type=(click.FloatRange(min=1), click.FloatRange(min=1)),
+            default=None,
+            metavar="LO HI",
+            help="Elastic mode: a failed host (or slot) may be used again after a cooldown "
+            "of LO..HI seconds, doubling with each failure [default: never again].",
+        ),
+        click.option(
+            "--blacklist",
+            type=click.Choice(["slot", "host"]),
+            default=None,
+            help="Elastic mode: what a failed worker takes out of the job: its slot (the "
+            "host's other workers go on) or, as Horovod, its whole host [default: slot].",
         ),
     ]
     for opt in reversed(opts):
@@ -78,11 +108,14 @@ def elastic_launcher_from_cli(
             "FASTPS_ELASTIC_SERVERS=1 cannot be combined with --host-discovery-script yet: each "
             "generation of an elastic job starts its own servers (docs/elastic.md)"
         )
-    from .driver import DEFAULT_ELASTIC_TIMEOUT, ElasticLauncher
+    from .driver import DEFAULT_ELASTIC_TIMEOUT, ElasticLauncher, discovery_interval
 
     min_np = opts.get("min_np") or num_workers or 1
     max_np = opts.get("max_np") or max(min_np, num_workers or 0, 1 << 16)
     timeout = opts.get("elastic_timeout") or DEFAULT_ELASTIC_TIMEOUT
+    cooldown = opts.get("blacklist_cooldown_range")
+    if cooldown is not None and cooldown[1] < cooldown[0]:
+        raise FastPSError(f"--blacklist-cooldown-range {cooldown[0]:g} {cooldown[1]:g}: HI < LO")
     return ElasticLauncher(
         command,
         discovery_script=script,
@@ -91,5 +124,11 @@ def elastic_launcher_from_cli(
         num_workers=num_workers,
         num_servers=1 if num_servers is None else num_servers,
         elastic_timeout=timeout,
+        reset_limit=opts.get("reset_limit"),
+        cooldown_range=None if cooldown is None else (float(cooldown[0]), float(cooldown[1])),
+        blacklist_scope=opts.get("blacklist") or "slot",
+        discovery_interval=discovery_interval(env),
+        defer_join=str(env.get("FASTPS_ELASTIC_DEFER_JOIN", "0")).strip().lower()
+        in ("1", "true", "yes", "on"),
         **launcher_kwargs,
     )

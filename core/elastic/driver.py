@@ -4,15 +4,19 @@ The job is a sequence of generations (``rendezvous.py``). The driver
 
 - runs the host discovery script every ``discovery_interval`` seconds and starts a worker
   process for each new slot (up to ``--max-np``); a slot whose host disappears has its
-  worker stopped; a slot whose worker failed is not used again;
+  worker stopped; a slot whose worker failed (``--blacklist slot``) or every slot of its
+  host (``--blacklist host``, Horovod's rule) is not used again, or only after a cooldown
+  (``--blacklist-cooldown-range``);
 - answers each worker's rendezvous: once every live worker asks for a new generation (and
   there are at least ``--min-np``), it starts that generation's scheduler (a thread) and
   servers and gives each worker its rank (survivors keep their order, newcomers come last,
   so rank 0 holds the committed state), and stops the previous generation's;
 - tells rank 0, when asked at a commit, whether workers were added or removed since the
-  generation formed (``HostsUpdatedInterrupt``);
+  generation formed (``HostsUpdatedInterrupt``), and every worker that watches (``watch``
+  requests, ``notifications.py``) as soon as that happens;
 - fails the job with a clear message when fewer than ``--min-np`` workers are alive, or
-  a rendezvous is incomplete, for longer than ``--elastic-timeout``.
+  a rendezvous is incomplete, for longer than ``--elastic-timeout``, or when the world
+  would change more than ``--reset-limit`` times.
 
 A worker that dies does not stop the job: its generation's scheduler aborts that generation
 (every survivor's pending operation fails), and the survivors come back for the next one.
@@ -21,13 +25,15 @@ A worker that dies does not stop the job: its generation's scheduler aborts that
 from __future__ import annotations
 
 import hmac
+import math
+import random
 import secrets
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..config import format_addr
 from ..control import FrameDecoder, compute_mac, encode_frame
@@ -38,7 +44,54 @@ from . import discovery, wire
 
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
 DISCOVERY_INTERVAL = 1.0
+MIN_DISCOVERY_INTERVAL = 0.05  # the script is a process start: do not spin the CPU on it
 REQUEST_READ_TIMEOUT = 10.0  # a client must send its request this soon after connecting
+WATCH_WAIT = 20.0  # a watch request is answered at the latest after this long
+RESET_LIMIT_MESSAGE = "number of resets exceeded --reset-limit {limit}"
+
+
+def discovery_interval(env: Mapping[str, str]) -> float:
+    """FASTPS_ELASTIC_DISCOVERY_INTERVAL: seconds between runs of the discovery script."""
+    text = env.get("FASTPS_ELASTIC_DISCOVERY_INTERVAL", "")
+    if not text.strip():
+        return DISCOVERY_INTERVAL
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise FastPSError(
+            f"FASTPS_ELASTIC_DISCOVERY_INTERVAL={text!r}: expected a number of seconds > 0"
+        )
+    return max(value, MIN_DISCOVERY_INTERVAL)
+
+
+class _Blacklist:
+    """Failed hosts or slots (by key), each out until its cooldown ends (Horovod's rule:
+    LO * 2^failures + a random part up to LO, bounded by LO..HI; no range: for good)."""
+
+    def __init__(self, cooldown: Optional[Tuple[float, float]]) -> None:
+        self.cooldown = cooldown
+        self.failures: Dict[str, int] = {}
+        self.until: Dict[str, float] = {}
+
+    def add(self, key: str, now: float) -> float:
+        """Blacklists ``key``; returns the seconds until it may come back (inf: never)."""
+        if self.cooldown is None:
+            self.until[key] = math.inf
+            return math.inf
+        if self.until.get(key, 0.0) > now:
+            return self.until[key] - now  # already cooling down: Horovod does not extend it
+        count = self.failures.get(key, 0) + 1
+        self.failures[key] = count
+        lo, hi = self.cooldown
+        delay = max(lo, min(hi, lo * (1 << min(count, 30)) + random.uniform(0, 1) * lo))
+        self.until[key] = now + delay
+        return delay
+
+    def blocked(self, key: str, now: float) -> bool:
+        return self.until.get(key, 0.0) > now
+
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -63,6 +116,7 @@ class _Slot:
     child: _Child
     state: str = "running"  # running | stopping (host removed) | done | failed | removed
     ready: bool = False  # asked for a generation at least once
+    announced: bool = False  # its arrival was counted as a host update
 
     @property
     def running(self) -> bool:
@@ -83,6 +137,10 @@ class ElasticLauncher(Launcher):
         num_servers: int = 1,
         elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT,
         discovery_interval: float = DISCOVERY_INTERVAL,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Tuple[float, float]] = None,
+        blacklist_scope: str = "slot",
+        defer_join: bool = False,
         **kwargs: Any,
     ) -> None:
         if min_np < 1:
@@ -93,6 +151,10 @@ class ElasticLauncher(Launcher):
             raise FastPSError(f"-np {num_workers} is outside --min-np {min_np}..--max-np {max_np}")
         if not elastic_timeout > 0:
             raise FastPSError(f"--elastic-timeout must be > 0, got {elastic_timeout}")
+        if blacklist_scope not in ("slot", "host"):
+            raise FastPSError(f"--blacklist must be 'slot' or 'host', got {blacklist_scope!r}")
+        if reset_limit is not None and reset_limit < 0:
+            raise FastPSError(f"--reset-limit must be >= 0, got {reset_limit}")
         super().__init__(
             command, num_workers=num_workers or min_np, num_servers=num_servers, **kwargs
         )
@@ -102,6 +164,10 @@ class ElasticLauncher(Launcher):
         self.initial_np = num_workers or max_np
         self.elastic_timeout = float(elastic_timeout)
         self.discovery_interval = discovery_interval
+        self.reset_limit = reset_limit
+        self.blacklist_scope = blacklist_scope
+        self.defer_join = defer_join  # new workers interrupt once they can join, not at start
+        self.blacklist = _Blacklist(cooldown_range)
         self.local_names = _local_names()
         self.cond = threading.Condition()
         self.slots: Dict[str, _Slot] = {}
@@ -110,7 +176,7 @@ class ElasticLauncher(Launcher):
         self.assignments: Dict[str, Dict[str, Any]] = {}
         self.waiting: Dict[str, float] = {}  # slot id -> since when it asks for a generation
         self.epoch = 0  # bumped whenever a worker is added or removed
-        self.added_epochs: List[int] = []
+        self.added_epochs: Set[int] = set()
         self.gen_epoch = 0  # the epoch the current generation formed at
         self.finishing = False  # a member finished its training: no new generation forms
         self.error: Optional[str] = None
@@ -151,26 +217,59 @@ class ElasticLauncher(Launcher):
     _next_env: Dict[str, str] = {}
     _drop_env: Sequence[str] = ()
 
-    def _start_worker(self, slot_id: str, host: str) -> None:
-        seq = len(self.slots)
+    def _start_worker(self, slot_id: str, host: str, announce: bool) -> None:
+        """Starts a worker on ``slot_id``. ``announce``: its arrival is a host update now
+        (Horovod: the next commit interrupts and the rendezvous waits for it); otherwise
+        once it asks to join (a host back from the blacklist first shows it can start)."""
+        seq = self._next_seq
+        self._next_seq += 1
         extra = {
             wire.ADDR_VAR: self._service_addr,
             wire.ID_VAR: slot_id,
             wire.JOB_VAR: self.job_id,
-            "FASTPS_ELASTIC_TIMEOUT": f"{self.elastic_timeout:g}",
+            "FASTPS_ELASTIC_TIMEOUT": f"{self.rendezvous_timeout:g}",
             "HOROVOD_ELASTIC": "1",
             "HOROVOD_HOSTNAME": host,
         }
         drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
         child = self._spawn_with("worker", seq, self.command, "", extra, drop)
-        self.slots[slot_id] = _Slot(slot_id, host, seq, child)
+        self.slots[slot_id] = _Slot(slot_id, host, seq, child, announced=announce)
+        if announce:
+            self._host_update(added=True)
         say(f"worker {seq} started on slot {slot_id} (pid {child.pid})")
+
+    _next_seq = 0
+
+    def _host_update(self, added: bool) -> None:
+        """A worker was added or removed: a new host epoch (commits and watchers see it)."""
+        self.epoch += 1
+        if added:
+            self.added_epochs.add(self.epoch)
+        self.cond.notify_all()
+
+    def _blacklist_key(self, slot: _Slot) -> str:
+        return slot.host if self.blacklist_scope == "host" else slot.id
+
+    def _blacklist_after_failure(self, slot: _Slot, now: float) -> None:
+        key = self._blacklist_key(slot)
+        delay = self.blacklist.add(key, now)
+        what = f"host {key}" if self.blacklist_scope == "host" else f"slot {key}"
+        when = "for the rest of the job" if math.isinf(delay) else f"for {delay:.1f} s"
+        say(f"{what} blacklisted {when}")
+        if self.blacklist_scope != "host":
+            return
+        for other in self.slots.values():
+            if other.state == "running" and other.host == slot.host:
+                other.state = "stopping"
+                say(f"stopping the worker on slot {other.id}: its host is blacklisted")
+                _signal_group(other.child.pid, signal.SIGTERM)
 
     # ------------------------------------------------------------ running
     def _start(self) -> None:
         self._open_service()
         hosts = discovery.discover(self.script)
-        self._apply_discovery(hosts, limit=self.initial_np)
+        with self.cond:
+            self._apply_discovery(hosts, limit=self.initial_np)
 
     def _monitor(self) -> int:
         next_discovery = time.monotonic() + self.discovery_interval
@@ -230,19 +329,19 @@ class ElasticLauncher(Launcher):
                     self.finishing = True
             else:
                 s.state = "failed"
-                self.epoch += 1
+                self._host_update(added=False)
                 self.failure_at = now
-                alive = sum(1 for x in self.slots.values() if x.running)
-                say(
-                    f"worker on slot {s.id} (pid {s.child.pid}) "
-                    f"{describe_exit(rc)}: the job goes on with {alive} workers"
-                )
+                say(f"worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
+                self._blacklist_after_failure(s, now)
+                alive = sum(1 for x in self.slots.values() if x.state == "running")
+                say(f"the job goes on with {alive} workers")
             self.waiting.pop(s.id, None)
             self.cond.notify_all()
         if self.finishing:
-            # Workers still waiting to join would train alone from scratch: stop them.
+            # Workers not in the finishing generation (still starting, or waiting to join)
+            # would train alone from scratch: stop them.
             for s in self.slots.values():
-                if s.state == "running" and s.id not in self.members and s.id in self.waiting:
+                if s.state == "running" and s.id not in self.members:
                     s.state = "stopping"
                     _signal_group(s.child.pid, signal.SIGTERM)
 
@@ -274,17 +373,26 @@ class ElasticLauncher(Launcher):
         for s in self.slots.values():
             if s.state == "running" and s.id not in hostof:
                 s.state = "stopping"
-                self.epoch += 1
+                self._host_update(added=False)
                 say(f"slot {s.id} left the discovery output: stopping its worker")
                 _signal_group(s.child.pid, signal.SIGTERM)
         alive = sum(1 for s in self.slots.values() if s.running)
+        now = time.monotonic()
         for slot_id in offered:
             if alive >= limit:
                 break
             old = self.slots.get(slot_id)
-            if old is not None and old.state != "removed":
-                continue  # running, finished, or failed (a failed slot is not reused)
-            self._start_worker(slot_id, hostof[slot_id])
+            if old is not None and old.state in ("running", "stopping", "done"):
+                continue
+            host = hostof[slot_id]
+            key = host if self.blacklist_scope == "host" else slot_id
+            if self.blacklist.blocked(key, now):
+                continue  # failed (or its host did): out for good, or until its cooldown ends
+            resurrected = key in self.blacklist.until
+            if resurrected and old is not None and old.state == "failed":
+                say(f"slot {slot_id}: its blacklist cooldown ended, starting a worker again")
+            announce = self.generation >= 0 and not resurrected and not self.defer_join
+            self._start_worker(slot_id, host, announce=announce)
             alive += 1
 
     # ------------------------------------------------------------ generations
@@ -302,22 +410,28 @@ class ElasticLauncher(Launcher):
         self.below_min_since = None
         if not self.waiting or self.finishing:
             return
-        missing = [s.id for s in alive if s.id not in self.waiting]
+        missing = [s for s in alive if s.id not in self.waiting]
         if not missing:
             self._form(alive)
             return
-        since = min(self.waiting.values())
-        if now - since > self.elastic_timeout:
+        if now - min(self.waiting.values()) > self.rendezvous_timeout:
             self.error = (
-                f"rendezvous incomplete after --elastic-timeout {self.elastic_timeout:g} s: "
-                f"workers on slots {', '.join(missing)} did not come"
+                f"rendezvous incomplete after {self.rendezvous_timeout:g} s (the longer of "
+                f"--elastic-timeout and --timeout): workers on slots "
+                f"{', '.join(s.id for s in missing)} did not come"
             )
 
     def _form(self, alive: List[_Slot]) -> None:
         prev = {sid: r for r, sid in enumerate(self.members)}
         order = sorted(alive, key=lambda s: (0, prev[s.id]) if s.id in prev else (1, s.seq))
-        self._stop_generation()
         g = self.generation + 1
+        if self.reset_limit is not None and g > self.reset_limit:
+            # Horovod's --reset-limit: generation g is the g-th reset of the world.
+            self.error = "elastic job stopped: " + RESET_LIMIT_MESSAGE.format(
+                limit=self.reset_limit
+            )
+            return
+        self._stop_generation()
         job = f"{self.job_id}-g{g}"
         sched = Scheduler(
             num_workers=len(order),
@@ -455,23 +569,54 @@ class ElasticLauncher(Launcher):
                     "removed_only": bool(updated and not added),
                     "epoch": self.epoch,
                 }
+        if kind == "watch":
+            return self._watch(msg.get("after"))
         if kind == "rendezvous":
             return self._rendezvous(str(msg.get("id", "")), int(msg.get("after", -1)))
         return {"type": "error", "message": f"unknown request {kind!r}"}
 
+    def _watch(self, after: Any) -> Dict[str, Any]:
+        """Answers once the host epoch passes ``after`` (None: at once, with the current
+        epoch), at the latest after WATCH_WAIT: which kinds of update happened since."""
+        deadline = time.monotonic() + WATCH_WAIT
+        with self.cond:
+            since = self.epoch if after is None else int(after)
+            while after is not None and self.epoch <= since and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 1.0))
+            added = sum(1 for e in self.added_epochs if since < e <= self.epoch)
+            return {
+                "type": "watch",
+                "epoch": self.epoch,
+                "added": added > 0,
+                "removed": self.epoch - since > added,
+            }
+
+    @property
+    def rendezvous_timeout(self) -> float:
+        """How long a rendezvous waits for a live worker. At least the registration timeout
+        (--timeout): a worker may still be starting (imports, model building; slow on a
+        loaded machine), and one that failed takes a moment to exit. Horovod's elastic
+        timeout, too, bounds the wait for enough hosts, not for a process."""
+        return max(self.elastic_timeout, self.timeout)
+
     def _rendezvous(self, slot_id: str, after: int) -> Dict[str, Any]:
-        deadline = time.monotonic() + self.elastic_timeout + 10.0
+        deadline = time.monotonic() + self.rendezvous_timeout + 10.0
         with self.cond:
             slot = self.slots.get(slot_id)
             if slot is None or slot.state != "running":
                 return {"type": "error", "message": f"slot {slot_id!r} is not a worker of this job"}
             self.waiting.setdefault(slot_id, time.monotonic())
             if not slot.ready:
-                # A new worker counts as a host update once it is ready to join, so the
-                # others keep training while it starts (imports, model building).
                 slot.ready = True
-                self.epoch += 1
-                self.added_epochs.append(self.epoch)
+                if not slot.announced:
+                    # A worker not announced when it started (the first ones, or one on a
+                    # host back from the blacklist) is a host update once it can join: the
+                    # others keep training while it starts (imports, model building).
+                    slot.announced = True
+                    self._host_update(added=True)
             while True:
                 if self.generation > after and slot_id in self.assignments:
                     return dict(self.assignments[slot_id])

@@ -22,6 +22,8 @@ _info: Dict[str, Any] = {}
 
 # How long init waits for a generation beyond the driver's elastic timeout.
 _MARGIN = 30.0
+# A watch request: the driver answers within its WATCH_WAIT (20 s) even with no news.
+WATCH_TIMEOUT = 30.0
 
 
 def generation() -> int:

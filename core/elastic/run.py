@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 
 from ..collectives import HorovodInternalError, HostsUpdatedInterrupt
 from ..errors import FastPSAbort, FastPSError
-from . import rendezvous
+from . import notifications, rendezvous
 from .state import State
 
 log = logging.getLogger("fastps.elastic")
@@ -67,6 +67,13 @@ def _reset_until_joined(reset: Callable[[], None]) -> None:
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        notifications.register_listener(state)
+        try:
+            return _loop(state, *args, **kwargs)
+        finally:
+            notifications.remove_listener(state)
+
+    def _loop(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
         while True:
             try:

@@ -6,8 +6,9 @@ which rank this process is (``fastps.torch.elastic.TorchState`` adds models and 
 from __future__ import annotations
 
 import copy
+import queue
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..collectives import HostsUpdatedInterrupt
 from . import rendezvous, wire
@@ -26,13 +27,20 @@ class State(ABC):
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks: List[Callable[[], None]] = []
-        self._known_epoch = -1  # the driver's host epoch when this state last looked
+        # Horovod's notification queue: (host epoch, HostUpdateResult) pushed by the
+        # watcher thread (notifications.py) while this state is in hvd.elastic.run.
+        self._host_messages: queue.Queue[Tuple[int, Any]] = queue.Queue()
+        self._last_updated_timestamp = 0
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
         """Functions called after every reset (new world), e.g. to rescale the learning rate."""
         self._reset_callbacks.extend(callbacks)
 
+    def on_hosts_updated(self, timestamp: int, update_res: Any) -> None:
+        self._host_messages.put((timestamp, update_res))
+
     def on_reset(self) -> None:
+        self._host_messages = queue.Queue()  # news of the old world
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -47,14 +55,20 @@ class State(ABC):
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when the driver saw hosts
         added or removed since this generation formed. Rank 0 asks the driver; its answer is
         broadcast, so all ranks decide alike (a collective: call it on every rank)."""
+        newest = self._last_updated_timestamp
+        while not self._host_messages.empty():
+            newest = max(newest, self._host_messages.get_nowait()[0])
         if not wire.enabled():
+            self._last_updated_timestamp = newest
             return
-        answer = {"updated": False, "removed_only": False}
+        answer: Dict[str, Any] = {"updated": False, "removed_only": False}
         if self._rank() == 0:
             answer = rendezvous.host_updates()
-        updated, removed_only = self._bcast_object(
-            (bool(answer.get("updated")), bool(answer.get("removed_only")))
+            newest = max(newest, int(answer.get("epoch", 0)))
+        updated, removed_only, newest = self._bcast_object(
+            (bool(answer.get("updated")), bool(answer.get("removed_only")), newest)
         )
+        self._last_updated_timestamp = newest
         if updated:
             raise HostsUpdatedInterrupt(removed_only)
 

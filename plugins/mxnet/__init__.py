@@ -43,6 +43,7 @@ from fastps.capabilities import (
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.timeline.session import start_timeline, stop_timeline
 
+from . import elastic
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .kvstore import FastPS as KVStore
 from .ops import (
@@ -92,6 +93,7 @@ from .ops import (
 from .training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 
 __all__ = [
+    "elastic",
     "init",
     "shutdown",
     "is_initialized",

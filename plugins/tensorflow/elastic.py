@@ -11,13 +11,13 @@ back) and synced (``broadcast_variables`` from rank 0). Launch with
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, List, Optional, Sequence
 
 import fastps
 import numpy as np
 import tensorflow as tf
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
+from fastps.elastic import binding as _binding
 from fastps.elastic import run as _run
 from fastps.elastic import state as _state
 from fastps.elastic.errors import WorkerLostError
@@ -50,39 +50,38 @@ def _bcast(obj: Any) -> Any:
     return broadcast_object(obj, root_rank=0)
 
 
-def _reset() -> None:
-    """Leaves this generation (the core too, not only the session) and joins the next."""
-    from . import init, shutdown
+def _leave() -> None:
+    from . import shutdown
 
     shutdown()
-    fastps.shutdown()
+
+
+def _join() -> None:
+    from . import init
+
     init()
 
 
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: ``func(state, ...)`` is re-run from the last commit after a failure, and
-    with the new world after workers joined (Horovod's ``hvd.elastic.run``)."""
-
-    @functools.wraps(func)
-    def graph_errors(*args: Any, **kwargs: Any) -> Any:
-        # Inside a tf.function a failed fastps op reaches the caller as TensorFlow's
-        # OpError, not as fastps's exception: an OpError while the generation has been
-        # aborted is that generation's failure (Horovod's run does the same).
-        try:
-            return func(*args, **kwargs)
-        except tf.errors.OpError as exc:
-            if _run.generation_failed(FastPSError(str(exc))):
-                raise HorovodInternalError(f"{type(exc).__name__}: {exc.message}") from exc
-            raise
-
-    return _run.run_fn(graph_errors, _reset)
+def _graph_error(exc: BaseException) -> Optional[BaseException]:
+    """Inside a tf.function a failed fastps op reaches the caller as TensorFlow's OpError,
+    not as fastps's exception: an OpError while the generation has been aborted is that
+    generation's failure (Horovod's run does the same)."""
+    assert isinstance(exc, tf.errors.OpError)
+    if _run.generation_failed(FastPSError(str(exc))):
+        return HorovodInternalError(f"{type(exc).__name__}: {exc.message}")
+    return None
 
 
-class ObjectState(_state.ObjectState):
-    """Horovod's ObjectState: plain attributes, synced from rank 0."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(bcast_object=_bcast, get_rank=_rank, **kwargs)
+_framework = _binding.Framework(
+    rank=_rank,
+    bcast_object=_bcast,
+    leave=_leave,
+    join=_join,
+    translate=_graph_error,
+    translated=(tf.errors.OpError,),
+)
+run = _framework.run
+ObjectState = _framework.object_state_class(__name__)
 
 
 # ------------------------------------------------------------------ handlers
@@ -165,7 +164,7 @@ class TensorFlowKerasState(_state.HandlerState):
         if optimizer is None:
             optimizer = getattr(model, "optimizer", None)
         kwargs.update(model=model, optimizer=optimizer)
-        super().__init__(bcast_object=_bcast, get_rank=_rank, handler_for=_handler_for, **kwargs)
+        super().__init__(**_framework.state_args(), handler_for=_handler_for, **kwargs)
 
 
 KerasState = TensorFlowKerasState
@@ -191,8 +190,7 @@ class TensorFlowState(_state.HandlerState):
         held = list(variables)
         handler = _VariablesHandler(held, lambda vs: vs, "variables")
         super().__init__(
-            bcast_object=_bcast,
-            get_rank=_rank,
+            **_framework.state_args(),
             handler_for=lambda v: handler if v is held else None,
             variables=held,
             **kwargs,

@@ -12,12 +12,11 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-import fastps
 import torch
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
-from fastps.elastic import run as _run
+from fastps.elastic import binding as _binding
 from fastps.elastic import state as _state
 from fastps.elastic.errors import WorkerLostError
 
@@ -47,29 +46,35 @@ def _bcast(obj: Any) -> Any:
     return broadcast_object(obj, root_rank=0)
 
 
-def _reset() -> None:
-    """Leaves this generation (the core too, not only the session) and joins the next."""
-    from . import functions, init, shutdown
+def _leave() -> None:
+    from . import shutdown
 
     shutdown()
-    fastps.shutdown()
-    # The module's collective calls are numbered per process; a joining process starts at
-    # 0, so every rank starts again with the new generation.
-    functions._calls = itertools.count()
+
+
+def _join() -> None:
+    from . import init
+
     init()
 
 
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: ``func(state, ...)`` is re-run from the last commit after a failure, and
-    with the new world after workers joined (Horovod's ``hvd.elastic.run``)."""
-    return _run.run_fn(func, _reset)
+def _restart_call_numbers() -> None:
+    # The module's collective calls are numbered per process; a joining process starts at
+    # 0, so every rank starts again with the new generation.
+    from . import functions
+
+    functions._calls = itertools.count()
 
 
-class ObjectState(_state.ObjectState):
-    """Horovod's ObjectState: plain attributes, synced from rank 0."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(bcast_object=_bcast, get_rank=_rank, **kwargs)
+_framework = _binding.Framework(
+    rank=_rank,
+    bcast_object=_bcast,
+    leave=_leave,
+    join=_join,
+    before_join=_restart_call_numbers,
+)
+run = _framework.run
+ObjectState = _framework.object_state_class(__name__)
 
 
 # ------------------------------------------------------------------ handlers
@@ -156,7 +161,7 @@ class TorchState(_state.HandlerState):
 
     def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         kwargs.update(model=model, optimizer=optimizer)
-        super().__init__(bcast_object=_bcast, get_rank=_rank, handler_for=_handler_for, **kwargs)
+        super().__init__(**_framework.state_args(), handler_for=_handler_for, **kwargs)
 
 
 class ElasticSampler(torch.utils.data.Sampler):

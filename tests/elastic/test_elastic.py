@@ -233,3 +233,38 @@ def test_bad_discovery_output_is_named(tmp_path, subprocess_env):
     )
     assert proc.returncode != 0
     assert "'localhost:x' is not 'host:slots'" in proc.stderr, _show(proc)
+
+
+@pytest.mark.slow
+def test_host_blacklisting_stops_the_failed_hosts_other_workers(tmp_path, subprocess_env):
+    """--blacklist host (Horovod's rule): localhost:0 dies, so localhost:1 is stopped too
+    and the worker on the other host (127.0.0.1) finishes alone, from the last commit."""
+    _, script = _discovery(tmp_path, "localhost:2;127.0.0.1:1")
+    steps = 12
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        ["--min-np", "1", "--host-discovery-script", str(script), "--elastic-timeout", "60",
+         "--blacklist", "host"],
+        {"STEPS": str(steps), "FAIL_AT": "localhost:0@4@backward"},
+    )  # fmt: skip
+    assert proc.returncode == 0, _show(proc)
+    assert "host localhost blacklisted for the rest of the job" in proc.stderr, _show(proc)
+    assert "stopping the worker on slot localhost:1" in proc.stderr, _show(proc)
+    assert "generation 1: 1 workers (127.0.0.1:0)" in proc.stderr, _show(proc)
+    sizes = sizes_by_step(proc.stdout)
+    assert sizes[1] == 3 and sizes[steps] == 1, sizes
+    assert_reference(out, steps)
+
+
+def test_reset_limit_stops_the_job(tmp_path, subprocess_env):
+    _, script = _discovery(tmp_path, "localhost:2")
+    proc, _ = run_elastic(
+        tmp_path,
+        subprocess_env,
+        ["--min-np", "1", "--host-discovery-script", str(script), "--elastic-timeout", "60",
+         "--reset-limit", "0"],
+        {"STEPS": "8", "STEP_SLEEP": "0", "FAIL_AT": "localhost:1@2@backward"},
+    )  # fmt: skip
+    assert proc.returncode != 0, _show(proc)
+    assert "resets exceeded --reset-limit 0" in proc.stderr, _show(proc)

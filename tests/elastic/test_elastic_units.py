@@ -55,3 +55,75 @@ def test_elastic_sampler_skips_processed_indices():
     fresh.set_epoch(1)
     assert sorted(fresh) == list(range(10))
     assert torch is not None
+
+
+def test_blacklist_cooldown_doubles_within_the_range():
+    from fastps.elastic.driver import _Blacklist
+
+    forever = _Blacklist(None)
+    assert forever.add("h", 0.0) == float("inf")
+    assert forever.blocked("h", 1e9)
+    cool = _Blacklist((1.0, 100.0))
+    first = cool.add("h", 10.0)
+    assert 2.0 <= first <= 3.0  # LO * 2 + up to LO
+    assert cool.blocked("h", 10.0 + first - 0.01) and not cool.blocked("h", 10.0 + first)
+    assert cool.add("h", 11.0) == pytest.approx(first - 1.0)  # still cooling: not extended
+    second = cool.add("h", 20.0)
+    assert 4.0 <= second <= 5.0
+    capped = _Blacklist((1.0, 2.0))
+    assert capped.add("h", 0.0) == 2.0 and not capped.blocked("other", 0.0)
+
+
+def test_discovery_interval_from_the_environment():
+    from fastps.elastic.driver import DISCOVERY_INTERVAL, MIN_DISCOVERY_INTERVAL, discovery_interval
+
+    assert discovery_interval({}) == DISCOVERY_INTERVAL
+    assert discovery_interval({"FASTPS_ELASTIC_DISCOVERY_INTERVAL": "0.3"}) == 0.3
+    assert (
+        discovery_interval({"FASTPS_ELASTIC_DISCOVERY_INTERVAL": "0.001"}) == MIN_DISCOVERY_INTERVAL
+    )
+    for bad in ("x", "0", "-1"):
+        with pytest.raises(FastPSError, match="FASTPS_ELASTIC_DISCOVERY_INTERVAL"):
+            discovery_interval({"FASTPS_ELASTIC_DISCOVERY_INTERVAL": bad})
+
+
+def test_check_host_updates_drains_the_notification_queue():
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, epoch=0)
+    state.on_hosts_updated(3, 2)
+    state.on_hosts_updated(5, 1)
+    state.check_host_updates()  # not an elastic worker: nothing to ask, nothing raised
+    assert state._host_messages.empty() and state._last_updated_timestamp == 5
+    state.on_hosts_updated(7, 2)
+    state.on_reset()  # news of the old world is dropped
+    assert state._host_messages.empty()
+
+
+def test_watchers_hear_of_host_updates(monkeypatch):
+    """A worker's notification thread, against a real rendezvous service: a worker added,
+    then one removed, reach the registered state's queue as Horovod's flags."""
+    import time
+
+    from fastps.elastic import notifications, wire
+    from fastps.elastic.driver import ElasticLauncher
+
+    driver = ElasticLauncher(["true"], discovery_script="echo localhost:1", min_np=1, max_np=2)
+    driver._open_service()
+    monkeypatch.setenv(wire.ADDR_VAR, driver._service_addr)
+    monkeypatch.setenv(wire.JOB_VAR, driver.job_id)
+    monkeypatch.setenv("FASTPS_TOKEN", driver.token)
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0)
+    notifications.register_listener(state)
+    try:
+        got = []
+        for added in (True, False):
+            time.sleep(0.3)  # the watcher has its first answer and waits for news
+            with driver.cond:
+                driver._host_update(added=added)
+            got.append(state._host_messages.get(timeout=10))
+        assert got == [
+            (1, notifications.HostUpdateResult.added),
+            (2, notifications.HostUpdateResult.removed),
+        ]
+    finally:
+        notifications.remove_listener(state)
+        driver._service.close()

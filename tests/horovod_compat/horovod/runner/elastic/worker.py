@@ -1,0 +1,5 @@
+"""``horovod.runner.elastic.worker``: ``HostUpdateResult`` is fastps's."""
+
+from fastps.elastic.notifications import HostUpdateResult
+
+__all__ = ["HostUpdateResult"]
