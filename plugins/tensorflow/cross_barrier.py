@@ -87,7 +87,7 @@ def coupling(optimizer: Any, base: type) -> Optional[str]:
 _PENDING: Dict[type, type] = {}
 
 
-def _pending_class(cls: type) -> type:
+def _pending_class(cls: Any) -> type:
     """A subclass of ``cls`` whose reads wait for the variable's deferred update."""
     pending = _PENDING.get(cls)
     if pending is not None:
@@ -231,7 +231,7 @@ class CrossBarrier:
             it = opt.iterations
             now_it, now_lr = it.numpy(), None
             it.assign(self._iteration)
-            lr = getattr(opt, "_learning_rate", None)
+            lr: Any = getattr(opt, "_learning_rate", None)
             if self._lr is not None and isinstance(lr, keras.Variable):
                 now_lr = lr.numpy()
                 lr.assign(self._lr)
