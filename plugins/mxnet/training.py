@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -15,6 +17,7 @@ from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
 from fastps.fusion_plan import FusionPlan
 
+from . import engine_wait as EW
 from .compression import Compression, Compressor
 from .ops import MXHandle, _start, allreduce_async_, broadcast_async_, dtype_name
 
@@ -263,8 +266,19 @@ class DistributedTrainer(mx.gluon.Trainer):
     on. Communication of the later layers therefore overlaps the engine's backward
     computation of the earlier layers, and all gradients are in flight together, sent in
     forward order of priority (the first layer is the most urgent: the next forward pass
-    needs it first). The optimizer update starts after every gradient is back; it does not
-    overlap communication, nor does the next forward pass.
+    needs it first). Without cross-barrier the optimizer update starts after every gradient
+    is back; it does not overlap communication, nor does the next forward pass.
+
+    ``cross_barrier=True`` (or ``FASTPS_CROSS_BARRIER=1`` when the argument is None; default
+    off): ``step()`` waits for no sum. Each gradient's wait becomes an operation of MXNet's
+    engine that writes that gradient (``fastps.mxnet.engine_wait``), so each parameter's
+    update runs as soon as its own sum is in and the next forward pass — whose operations
+    read the updated weights — waits only for the updates it reads: the first layers'
+    forward overlaps the last layers' communication. Every read (``asnumpy``, gradient
+    clipping, ``save_states``) goes through the engine and sees the updated values; the
+    numbers are exactly those of the synchronous step. An error while waiting is raised by
+    the next ``step()`` or ``wait_for_updates()``. Needs MXNet's ``MXEnginePushSyncND``
+    (1.5+), op=Average over the global process set; otherwise synchronous, with a warning.
 
     Tensor fusion (FASTPS_FUSION_THRESHOLD, ``core/fusion_plan.py``): from the second step
     on, small gradients that are neighbours in the priority order travel packed together.
@@ -287,6 +301,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         num_groups: int = 0,
         process_set: ProcessSet = global_process_set,
         op: Any = ReduceOp.AVERAGE,
+        cross_barrier: Optional[bool] = None,
     ) -> None:
         # num_groups (Horovod's fusion groups) is accepted and unused: every gradient is in
         # flight at once anyway, and the core fuses, cuts and schedules the parts.
@@ -329,6 +344,21 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._fastps_op = rop
         self._fastps_fusion = FusionPlan(f"DistributedTrainer:{self._fastps_prefix}")
         weakref.finalize(self, self._fastps_fusion.drop)
+        self._fastps_cb = _cross_barrier(cross_barrier, rop, process_set)
+        self._fastps_deferred = 0  # gradients whose wait went to the engine (tests)
+
+    def step(self, batch_size: float, ignore_stale_grad: bool = False) -> None:
+        EW.raise_pending_error("DistributedTrainer")
+        super().step(batch_size, ignore_stale_grad)
+
+    def wait_for_updates(self) -> None:
+        """Waits until every parameter's update of the last step is done (cross-barrier:
+        the engine's waits for the sums and the updates after them); raises a wait's
+        error."""
+        for param in self._params:
+            for data in param.list_data():
+                data.wait_to_read()
+        EW.raise_pending_error("DistributedTrainer")
 
     def _fastps_active(self) -> bool:
         """A member of a set of several ranks (others train on their own gradients)."""
@@ -426,10 +456,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         # Results arrive in priority order, so waiting in that order wastes nothing.
         pending.sort(key=lambda p: -self._fastps_priority[p[0]])
         for i, handle, sent, ctx, grad in pending:
-            try:
-                handle.synchronize()
-            except FastPSError as exc:
-                raise type(exc)(f"parameter '{self._params[i].name}': {exc}") from None
+            name = self._params[i].name
+            if self._fastps_cb and ps is global_process_set and handle._finish is None:
+                # The engine waits; what follows (decompression, device copies, the
+                # update) are engine operations ordered after that wait.
+                wait = functools.partial(_wait_named, handle, name)
+                EW.push_wait(wait, [sent], self._fastps_priority[i], f"fastps.wait.{name}")
+                self._fastps_deferred += 1
+            else:
+                try:
+                    handle.synchronize()
+                except FastPSError as exc:
+                    raise type(exc)(f"parameter '{name}': {exc}") from None
             if sent is not grad:
                 grad[:] = self._fastps_compression.decompress(sent, ctx)
             for other in self._params[i].list_grad()[1:]:
@@ -468,3 +506,39 @@ class DistributedTrainer(mx.gluon.Trainer):
             start += delta
             for data in param.list_data():
                 start.copyto(data)
+
+
+def _wait_named(handle: Any, name: str) -> None:
+    try:
+        handle.synchronize()
+    except FastPSError as exc:
+        raise type(exc)(f"parameter '{name}': {exc}") from None
+
+
+def _cross_barrier(option: Optional[bool], op: ReduceOp, process_set: ProcessSet) -> bool:
+    """Whether a DistributedTrainer hands its waits to the engine (see its docstring)."""
+    if option is not None:
+        if not isinstance(option, bool):
+            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
+        wanted = option
+    else:
+        raw = os.environ.get("FASTPS_CROSS_BARRIER", "").strip().lower()
+        if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+            raise ValueError(f"invalid FASTPS_CROSS_BARRIER={raw!r}: expected 1 or 0")
+        wanted = raw in ("1", "true", "yes", "on")
+    if not wanted:
+        return False
+    why = None
+    if op != ReduceOp.AVERAGE:
+        why = "op=Adasum combines the updates after the step"
+    elif process_set is not global_process_set:
+        why = "a process set (its sums go through the collective layer)"
+    elif not EW.available():
+        why = f"MXNet {mx.__version__} has no MXEnginePushSyncND"
+    if why is not None:
+        warnings.warn(
+            f"fastps: cross-barrier updates off: {why}; step() waits for every gradient",
+            stacklevel=3,
+        )
+        return False
+    return True

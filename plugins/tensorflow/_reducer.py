@@ -258,6 +258,60 @@ class GradientReducer:
                 out[i] = r if self.core else self.compression.decompress(r, ctx)
         return out
 
+    @E.no_autograph
+    def start_each(
+        self, grads: Sequence[Any], variables: Sequence[Any]
+    ) -> Optional[List[Optional[Arriving]]]:
+        """Eagerly, starts the reduction of every gradient and returns, per gradient, an
+        :class:`Arriving` that polls and waits for that gradient alone (None stays None),
+        for cross-barrier updates. None when not every gradient can take the direct path
+        (a process set, Min/Max, a sparse or integer gradient; compression done by the
+        plugin's Compressor is fine): the caller then reduces synchronously."""
+        if not E.executing_eagerly() or not self._direct():
+            return None
+        grads = list(grads)
+        live = [i for i, g in enumerate(grads) if g is not None]
+        if any(isinstance(grads[i], tf.IndexedSlices) for i in live):
+            return None
+        if any(not tf.as_dtype(grads[i].dtype).is_floating for i in live):
+            return None
+        out: List[Optional[Arriving]] = [None] * len(grads)
+        if not live:
+            return out
+        if self.process_set.size() == 1:
+            reduced = self.reduce(grads, variables)
+            for i in live:
+                out[i] = Arriving(None, reduced[i], None, None)
+            return out
+        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
+        E.check_same_everywhere(
+            self.kind, group, f"the gradients reduced by {self.kind}", process_set=self.process_set
+        )
+        names = {i: f"{self.kind}.{group.digest}.{i}" for i in live}
+        priority = {i: C.priority_for(i, len(grads)) for i in live}
+        ready: List[Tuple[int, tf.Tensor, Any]] = []
+        for i in live:
+            g = tf.convert_to_tensor(grads[i])
+            compressed, ctx = (g, None) if self.core else self.compression.compress(g)
+            ready.append((i, compressed, ctx))
+        plan = None if self.core else self._fusion_plan(ready, names, priority, group.digest)
+        dtypes = [E.check_dtype(c.dtype, f"gradient '{names[i]}'") for i, c, _ in ready]
+        scale = float(self.prescale_factor) * float(self.postscale_factor)
+        if self.op == O.Average:
+            scale /= C.global_process_set.size()
+        starter = _direct_starter(
+            dtypes,
+            [names[i] for i, _, _ in ready],
+            [priority[i] for i, _, _ in ready],
+            scale,
+            plan,
+            self.core,
+        )
+        work = E.call(starter, *[c.numpy() for _, c, _ in ready])
+        for (i, c, ctx), part, dt in zip(ready, work._ops, dtypes):
+            out[i] = Arriving(part, None, (dt, c.dtype), None if self.core else (self, ctx))
+        return out
+
     def _fusion_plan(
         self,
         ready: Sequence[Tuple[int, tf.Tensor, Any]],
@@ -327,3 +381,31 @@ class GradientReducer:
             return E.Work(cops, lambda res: [E.from_numpy(r, dt) for r, dt in zip(res, dtypes)])
 
         return start
+
+
+class Arriving:
+    """One gradient's reduction started by :meth:`GradientReducer.start_each`: ``poll``
+    says whether its sum is in, ``result`` waits for it (at most ``timeout`` seconds,
+    default the op timeout) and returns it as a tensor of the gradient's dtype."""
+
+    __slots__ = ("_part", "_value", "_dtypes", "_decompress")
+
+    def __init__(self, part: Any, value: Any, dtypes: Any, decompress: Any) -> None:
+        self._part = part
+        self._value = value
+        self._dtypes = dtypes
+        self._decompress = decompress
+
+    def poll(self) -> bool:
+        return self._part is None or bool(self._part.poll())
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        if self._part is not None:
+            arr = E.call(self._part.synchronize, timeout)
+            dt, tf_dtype = self._dtypes
+            value = tf.convert_to_tensor(E.from_numpy(arr, dt), dtype=tf_dtype)
+            if self._decompress is not None:
+                reducer, ctx = self._decompress
+                value = reducer.compression.decompress(value, ctx)
+            self._value, self._part = value, None
+        return self._value

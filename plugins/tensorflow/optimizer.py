@@ -3,9 +3,11 @@ averaged before every update."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Type
 
 from . import _engine as E
+from . import cross_barrier as CB
 from . import ops as O
 from ._reducer import GradientReducer
 from .compression import Compression, Compressor
@@ -36,14 +38,44 @@ def _distributed_class(base: Any) -> Any:
         else:
             trainable_variables = list(trainable_variables)
             variables = trainable_variables
+        cb = self.__dict__.get("_fastps_cb")
+        if cb is not None:
+            if E.executing_eagerly():
+                arriving = self._fastps_reducer.start_each(grads, variables)
+                if arriving is not None:
+                    cb.step(arriving, variables)
+                    return None
+            cb.flush()
         reduced = self._fastps_reducer.reduce(grads, variables)
         return base.apply(self, reduced, trainable_variables)
+
+    def wait_for_updates(self: Any) -> None:
+        """Applies every deferred cross-barrier update (before reads that bypass the Keras
+        variables: a compiled ``predict``/``evaluate``, a ``tf.function`` traced earlier)."""
+        cb = self.__dict__.get("_fastps_cb")
+        if cb is not None:
+            cb.flush()
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        # A hyperparameter set between steps (a learning rate callback) must not reach the
+        # updates of the step before.
+        cb = self.__dict__.get("_fastps_cb")
+        if cb is not None and cb.pending and not name.startswith("_"):
+            cb.flush()
+        base.__setattr__(self, name, value)
+
+    def variables(self: Any) -> Any:
+        self.wait_for_updates()
+        return base.variables.fget(self)
 
     cls = type(
         base.__name__,
         (base,),
         {
             "apply": apply,
+            "wait_for_updates": wait_for_updates,
+            "__setattr__": __setattr__,
+            "variables": property(variables),
             "__module__": base.__module__,
             "__doc__": base.__doc__,
             "_fastps_distributed": True,
@@ -110,6 +142,7 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: Any = None,
     scale_local_gradients: bool = True,
+    cross_barrier: Optional[bool] = None,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
     gradients averaged (``op=Sum``: summed) over all workers. A Keras 2 optimizer
@@ -121,6 +154,13 @@ def DistributedOptimizer(
     ``jit_compile=True`` (XLA cannot compile the calls into fastps). ``num_groups=k`` bundles
     the gradients into k groups of one start and one wait op each (fewer Python calls per
     step; see ``fastps.tensorflow._reducer``).
+
+    ``cross_barrier=True`` (or ``FASTPS_CROSS_BARRIER=1`` when the argument is None; default
+    off): when ``apply`` runs eagerly it returns before every sum is in, and each variable is
+    updated when its own sum has arrived, at the latest when something reads it (the next
+    forward pass of its layer). Exactly the synchronous update; see
+    ``fastps.tensorflow.cross_barrier`` for the optimizers it covers and the reads (compiled
+    functions) that need ``optimizer.wait_for_updates()`` first.
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups, scale_local_gradients, average_aggregated_gradients
@@ -163,4 +203,29 @@ def DistributedOptimizer(
     )
     # Bypass attribute tracking: the reducer holds no TensorFlow state.
     object.__setattr__(new, "_fastps_reducer", reducer)
+    cb = None
+    if _cross_barrier_asked(cross_barrier):
+        why = CB.coupling(new, type(optimizer))
+        if why is None and op not in (O.Average, O.Sum):
+            why = "the reduction op is not Average or Sum"
+        if why is None and process_set is not None and process_set is not O.global_process_set:
+            why = "a process set"
+        if why is None:
+            cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
+        else:
+            CB.warn(why)
+    object.__setattr__(new, "_fastps_cb", cb)
     return new
+
+
+def _cross_barrier_asked(option: Optional[bool]) -> bool:
+    if option is not None:
+        if not isinstance(option, bool):
+            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
+        return option
+    raw = os.environ.get(CB.ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"invalid {CB.ENV}={raw!r}: expected 1 or 0")

@@ -48,6 +48,20 @@ def test_training_equals_single_process(n: int, modes: str) -> None:
     assert len(buckets) == n and min(buckets) > 0, tail(p)
 
 
+def test_keras_cross_barrier_equals_synchronous_updates() -> None:
+    """DistributedOptimizer(cross_barrier=True): apply() returns with updates deferred (rank
+    1 is late on some steps, so rank 0's sums are not in), the next forward pass applies them,
+    and the weights, optimizer variables and iterations equal the synchronous step's bit
+    for bit in float64: SGD+momentum, Adam with a schedule, AdamW with weight decay, clipnorm
+    and a learning rate changed while updates pend, and model.fit(run_eagerly=True);
+    global_clipnorm falls back to synchronous steps with a warning."""
+    p = fastpsrun(2, [str(WORKERS / "tf_cross_barrier_worker.py"), "6"])
+    _ok(p, 2)
+    for case in ("sgd", "adam-schedule", "adamw-clip", "fit"):
+        m = re.search(rf"rank 0 CB EQUAL {case} deferred=(\d+)", p.stdout)
+        assert m and int(m.group(1)) > 0, tail(p)
+
+
 @pytest.mark.parametrize(
     "mode,expect",
     [
