@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Type
 
+from fastps.async_mode import async_requested, current_mode
+
 from . import _engine as E
 from . import ops as O
 from ._reducer import GradientReducer
+from .async_optimizer import make_async_optimizer
 from .compression import Compression, Compressor
 
 __all__ = ["DistributedOptimizer"]
@@ -67,6 +70,7 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: Any = None,
     scale_local_gradients: bool = True,
+    **kwargs: Any,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
     gradients averaged (``op=Sum``: summed) over all workers.
@@ -77,6 +81,10 @@ def DistributedOptimizer(
     ``jit_compile=True`` (XLA cannot compile the calls into fastps). ``num_groups=k`` bundles
     the gradients into k groups of one start and one wait op each (fewer Python calls per
     step; see ``fastps.tensorflow._reducer``).
+
+    ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
+    asynchronous training against parameters the servers keep (``async_optimizer.py``,
+    docs/async.md); the reduction arguments then do not apply.
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups, scale_local_gradients, average_aggregated_gradients
@@ -94,6 +102,8 @@ def DistributedOptimizer(
         )
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
+    if async_requested(kwargs, current_mode()):
+        return make_async_optimizer(optimizer, name)
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
