@@ -78,6 +78,8 @@ def _async_class(base: Any) -> Any:
         fresh = tf.numpy_function(
             run, before + after, [tf.as_dtype(v.dtype) for v in variables], stateful=True
         )
+        if not isinstance(fresh, (list, tuple)):  # one output comes back bare
+            fresh = [fresh]
         for v, value in zip(variables, fresh):
             v.assign(tf.reshape(value, tf.shape(v)))
         return result

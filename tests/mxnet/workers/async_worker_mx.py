@@ -12,6 +12,7 @@ import fastps
 import fastps.mxnet as hvd
 import mxnet as mx
 import numpy as np
+from fastps import api
 from mxnet import autograd, gluon
 
 STEPS = 4
@@ -32,7 +33,7 @@ class Weights(gluon.Block):
 def main() -> int:
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
-    assert fastps.mode() == "async", fastps.mode()
+    assert api.mode() == "async", api.mode()
     net = Weights(1.0 + 4 * rank)
     net.initialize()
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 1.0})

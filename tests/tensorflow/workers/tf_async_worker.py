@@ -17,6 +17,7 @@ import fastps.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from fastps import api  # noqa: E402
 
 STEPS = 4
 
@@ -24,7 +25,7 @@ STEPS = 4
 def main() -> int:
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
-    assert fastps.mode() == "async", fastps.mode()
+    assert api.mode() == "async", api.mode()
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0))
     assert hasattr(opt, "pull_parameters"), "FASTPS_MODE=async did not select async"
     ramp = np.arange(6, dtype=np.float64).reshape(2, 3)
