@@ -1,6 +1,6 @@
 """Async mode and quorum rounds in the TensorFlow plugin (docs/async.md): the Keras digits
 example trained with ``DistributedOptimizer(async=True)`` reaches the synchronous accuracy
-(within 1 point) on the same samples, and quorum rounds through ``hvd.allreduce`` are
+(within 1 point) on the same samples, and quorum rounds through ``DistributedGradientTape`` are
 exact sums over the workers counted, identical on every worker, with no fast worker
 waiting for a late one."""
 

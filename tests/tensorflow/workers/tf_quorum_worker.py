@@ -1,6 +1,9 @@
 """Quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) through the TensorFlow plugin's
-allreduce: tests/workers/quorum_worker.py's steps, each sum an ``hvd.allreduce(op=Sum)`` of
-a tf.Tensor. Arguments: steps slow at delay pace elems."""
+gradient path: tests/workers/quorum_worker.py's steps, each sum the gradient of
+``sum(w * x)`` (exactly x) through ``DistributedGradientTape(op=Sum)``, which pushes
+straight to the core. (``hvd.allreduce`` goes through the negotiated collective layer,
+which waits for every rank before it starts: quorum rounds are for gradients.)
+Arguments: steps slow at delay pace elems."""
 
 from __future__ import annotations
 
@@ -21,8 +24,14 @@ def main() -> None:
     hvd.init()
     rank = hvd.rank()
 
+    elems = int(sys.argv[6])
+    w = tf.Variable(tf.zeros([elems], tf.float64))
+
     def summed(x, _step):
-        return hvd.allreduce(tf.constant(x), op=hvd.Sum, name="grad").numpy()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * tf.constant(x))
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        return tape.gradient(loss, [w])[0].numpy()
 
     run_steps(summed, rank, hvd.size(), sys.argv[1:])
     fastps.barrier()
