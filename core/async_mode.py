@@ -28,6 +28,7 @@ __all__ = [
     "init_params",
     "update_async",
     "read_params",
+    "replace_params",
     "async_requested",
     "DeltaExchange",
 ]
@@ -77,6 +78,18 @@ def read_params(named: Sequence[Tuple[str, Any]]) -> None:
     handles = [_start(arr, arr, name, MODE_READ, False, 0) for name, arr in named]
     for h in handles:
         h.synchronize()
+
+
+def replace_params(named: Sequence[Tuple[str, Any]]) -> None:
+    """Rank 0's arrays replace the servers' parameters and every worker's arrays (call it on
+    every worker, e.g. after rank 0 loaded a checkpoint). A later init is answered with the
+    value the server holds when it arrives, which may be the old one on a rank whose init
+    beats rank 0's: so every rank inits, waits at a barrier, then reads."""
+    if _alone():
+        return
+    init_params(named)
+    api.barrier()
+    read_params(named)
 
 
 def async_requested(kwargs: Dict[str, Any], mode: str, who: str = "DistributedOptimizer") -> bool:
@@ -147,5 +160,5 @@ class DeltaExchange:
         read_params(named)
 
     def push(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
-        init_params(named)
+        replace_params(named)
         self.started = True

@@ -92,7 +92,7 @@ class _AsyncMixin:
         st = self._fastps_async
         for p in st.params:
             p.stage()
-        _async.init_params(st.named())
+        _async.replace_params(st.named())
         for p in st.params:
             p.load()
 
