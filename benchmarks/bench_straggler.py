@@ -11,7 +11,9 @@ the loaded CPU happens to share its cores. Loopback: every process on this host.
 
 Prints one ``RESULT`` line per configuration: the mean time per iteration of rank 0 (a fast
 worker) and of the straggler over the measured iterations, and the ratio to the
-no-straggler synchronous time.
+no-straggler synchronous time. ``--out FILE.json`` also keeps every iteration's time of
+both, and ``--plot FILE.png`` draws them (a fast worker's ms per iteration against the
+iteration, one line per configuration: where a bounded scheme starts waiting shows).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -195,6 +197,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
+    parser.add_argument("--out", default="", help="JSON file for every iteration's time")
+    parser.add_argument("--plot", default="", help="PNG of a fast worker's time per iteration")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "ddp":
@@ -230,6 +234,7 @@ def main() -> int:
     ]
     only = set(filter(None, args.only.split(",")))
     base: Optional[float] = None
+    series: Dict[str, Dict[str, Any]] = {}
     for name, fn in configs:
         if only and name not in only and name != "sync-no-straggler":
             continue
@@ -253,7 +258,36 @@ def main() -> int:
             "load_after": load(),
         }
         print("RESULT " + json.dumps(rec), flush=True)
+        series[name] = {"fast": got[0], "straggler": got[n - 1], "result": rec}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"argv": sys.argv[1:], "configs": series}, f, indent=1)
+    if args.plot:
+        plot(series, args, args.plot)
     return 0
+
+
+def plot(series: Dict[str, Dict[str, Any]], args: argparse.Namespace, path: str) -> None:
+    """A fast worker's (rank 0's) time per measured iteration, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for name, got in series.items():
+        ms = [t * 1000 for t in got["fast"]]
+        style = "--" if name.startswith("ddp") else "-"
+        ax.plot(range(args.warmup, args.warmup + len(ms)), ms, style, label=name, linewidth=1.2)
+    ax.set_xlabel("iteration (after the warm-up)")
+    ax.set_ylabel("fast worker (rank 0) ms per iteration")
+    ax.set_title(
+        f"{args.np} workers, one {args.slow_factor:g}x slower ({args.compute_ms:g} ms compute)"
+    )
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,24 @@ no server: the functions leave the arrays as they are (local training).
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
 
 from . import api
 from .buffers import raw_buffer
 
-__all__ = ["MODE_UPDATE", "MODE_INIT", "MODE_READ", "init_params", "update_async", "read_params"]
+__all__ = [
+    "MODE_UPDATE",
+    "MODE_INIT",
+    "MODE_READ",
+    "init_params",
+    "update_async",
+    "read_params",
+    "replace_params",
+    "async_requested",
+    "DeltaExchange",
+]
 
 # PushMode in csrc/worker/handle.h.
 MODE_UPDATE = 1
@@ -66,3 +78,87 @@ def read_params(named: Sequence[Tuple[str, Any]]) -> None:
     handles = [_start(arr, arr, name, MODE_READ, False, 0) for name, arr in named]
     for h in handles:
         h.synchronize()
+
+
+def replace_params(named: Sequence[Tuple[str, Any]]) -> None:
+    """Rank 0's arrays replace the servers' parameters and every worker's arrays (call it on
+    every worker, e.g. after rank 0 loaded a checkpoint). A later init is answered with the
+    value the server holds when it arrives, which may be the old one on a rank whose init
+    beats rank 0's: so every rank inits, waits at a barrier, then reads."""
+    if _alone():
+        return
+    init_params(named)
+    api.barrier()
+    read_params(named)
+
+
+def async_requested(kwargs: Dict[str, Any], mode: str, who: str = "DistributedOptimizer") -> bool:
+    """Whether a plugin's wrapper trains asynchronously: ``async=True`` (a keyword in Python:
+    pass ``**{"async": True}``) or its alias ``asynchronous=True``, popped from ``kwargs``;
+    neither (or None): ``mode``, i.e. FASTPS_MODE / init(mode=...). Any other keyword left
+    in ``kwargs`` is refused by name."""
+    flags = {k: kwargs.pop(k) for k in ("async", "asynchronous") if k in kwargs}
+    flags = {k: v for k, v in flags.items() if v is not None}  # None: not said
+    if kwargs:
+        raise TypeError(f"{who} got unexpected keyword arguments {sorted(kwargs)}")
+    if len(set(map(bool, flags.values()))) > 1:
+        raise ValueError(f"{who}: async and asynchronous disagree ({flags})")
+    if flags:
+        return bool(next(iter(flags.values())))
+    return mode == "async"
+
+
+def current_mode() -> str:
+    """FASTPS_MODE / init(mode=...) once fastps is initialized, else "sync"."""
+    return api.mode() if api.is_initialized() else "sync"
+
+
+class DeltaExchange:
+    """One async step for a plugin that can show its parameters as host arrays: the
+    parameters before the wrapped optimizer's local step, the delta it made, and the
+    parameters the servers answer with (written in place into ``after``).
+
+    The first exchange starts the servers from rank 0's parameters *before* its step
+    (:func:`init_params`), then adds every worker's first delta: the plugins whose variables
+    appear only at the first step (Keras, Gluon's deferred init) need no separate init call.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.started = False
+
+    def step(
+        self,
+        names: Sequence[str],
+        before: Sequence[np.ndarray],
+        after: Sequence[np.ndarray],
+    ) -> None:
+        """``before[i]``: parameter i before the local step (overwritten); ``after[i]``:
+        after it, overwritten with the servers' value. Blocks until every answer is in."""
+        if not (len(names) == len(before) == len(after)):
+            raise ValueError(
+                f"{self.what}: {len(names)} names, {len(before)} parameters before the step, "
+                f"{len(after)} after"
+            )
+        if _alone():
+            return  # local training: the local step is the step
+        if not self.started:
+            # after - before is this worker's delta; rank 0's `before` becomes everyone's.
+            deltas = [np.subtract(a, b) for a, b in zip(after, before)]
+            init_params(list(zip(names, before)))
+            self.started = True
+        else:
+            deltas = [np.subtract(a, b, out=b) for a, b in zip(after, before)]
+        handles = update_async(list(zip(names, deltas, after)))
+        for name, h in zip(names, handles):
+            try:
+                h.synchronize()
+            except Exception as exc:
+                raise type(exc)(f"{self.what}: parameter '{name}': {exc}") from None
+
+    def pull(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
+        read_params(named)
+
+    def push(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
+        replace_params(named)
+        self.started = True

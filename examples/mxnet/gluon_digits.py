@@ -5,6 +5,9 @@ of the training set and the gradients are averaged over all workers each step.
 
     fastpsrun -np 2 python examples/mxnet/gluon_digits.py
 
+``--async`` (or FASTPS_MODE=async) trains asynchronously (docs/async.md): the servers keep
+the parameters, each worker applies its own steps and exchanges the deltas.
+
 Prints the test accuracy (rank 0) and exits with status 1 if it is below --min-accuracy.
 """
 
@@ -42,6 +45,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--fp16", action="store_true", help="send gradients as float16")
     parser.add_argument("--min-accuracy", type=float, default=0.95)
+    parser.add_argument("--async", dest="asynchronous", action="store_true")
     args = parser.parse_args()
 
     hvd.init()
@@ -62,7 +66,11 @@ def main() -> int:
 
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     trainer = hvd.DistributedTrainer(
-        params, "sgd", {"learning_rate": args.lr, "momentum": 0.9}, compression=compression
+        params,
+        "sgd",
+        {"learning_rate": args.lr, "momentum": 0.9},
+        compression=compression,
+        asynchronous=args.asynchronous or None,  # None: FASTPS_MODE decides
     )
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -88,6 +96,9 @@ def main() -> int:
     mx.nd.waitall()
     elapsed = time.perf_counter() - start
 
+    if args.asynchronous:
+        hvd.barrier()  # every worker's last delta is on the servers: score those parameters
+        trainer.pull_parameters()
     pred = net(mx.nd.array(x_test)).argmax(axis=1).asnumpy()
     accuracy = float((pred == y_test).mean())
     # Every worker has the same parameters; report the job's throughput from rank 0.

@@ -4,8 +4,10 @@
 
 Compared with single-process Keras, only the import, the optimizer wrapper and the
 callbacks change. Each worker trains on its own shard of the training set; gradients are
-averaged over the workers every step. Prints the test accuracy (exit status 1 if it is
-below --target, 0.95 by default).
+averaged over the workers every step. ``--async`` (or FASTPS_MODE=async) trains
+asynchronously (docs/async.md): the servers keep the parameters, each worker applies its
+own steps with the single-worker learning rate and exchanges the deltas. Prints the test
+accuracy (exit status 1 if it is below --target, 0.95 by default).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=1e-3, help="single-worker learning rate")
     parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--async", dest="asynchronous", action="store_true")
     args = parser.parse_args()
 
     hvd.init()
@@ -57,8 +60,12 @@ def main() -> int:
 
     model = build_model()
     # The only changes for fastps: scale the rate with the number of workers (the global
-    # batch is size times larger) and wrap the optimizer.
-    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(args.lr * size))
+    # batch is size times larger) and wrap the optimizer. Async: every worker makes its own
+    # steps on its own batches, at the single-worker rate.
+    lr = args.lr if args.asynchronous else args.lr * size
+    optimizer = hvd.DistributedOptimizer(
+        keras.optimizers.Adam(lr), asynchronous=args.asynchronous or None
+    )
     model.compile(
         optimizer=optimizer,
         metrics=["accuracy"],
@@ -67,8 +74,9 @@ def main() -> int:
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # everyone starts from rank 0
         hvd.callbacks.MetricAverageCallback(),  # logs hold averages over the workers
-        hvd.callbacks.LearningRateWarmupCallback(warmup_epochs=3, verbose=1),
     ]
+    if not args.asynchronous:  # warm-up is for the size-times larger synchronous rate
+        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(warmup_epochs=3, verbose=1))
     history = model.fit(
         x_mine,
         y_mine,
@@ -78,6 +86,9 @@ def main() -> int:
         verbose=2 if rank == 0 else 0,
     )
 
+    if args.asynchronous:
+        hvd.barrier()  # every worker's last delta is on the servers: score those parameters
+        optimizer.pull_parameters()
     # Every worker scores its share of the test set; the counts are summed.
     x_eval, y_eval = x_test[rank::size], y_test[rank::size]
     predicted = np.argmax(model.predict(x_eval, verbose=0), axis=1)

@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 from fastps import api as _api
 from fastps import collectives as C
+from fastps.async_mode import DeltaExchange, async_requested, current_mode
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
 from fastps.fusion_plan import FusionPlan
@@ -288,6 +289,14 @@ class DistributedTrainer(mx.gluon.Trainer):
     its parameters with its own gradients, and the workers' updates are combined with
     Adasum (``core/adasum.py``): ``w = start + adasum(w_local - start)``. The optimizer's
     state stays each worker's own.
+
+    ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
+    asynchronous training (docs/async.md, ``fastps.async_mode``): the servers keep the
+    parameters; ``step()`` applies this worker's own gradients (no averaging, no waiting for
+    the other workers), pushes the delta and loads the parameters as they now stand on the
+    servers, every worker's deltas included. The first step starts the servers from rank
+    0's parameters. ``pull_parameters()`` / ``push_parameters()`` read them (a checkpoint
+    from any worker) or replace them with rank 0's.
     """
 
     def __init__(
@@ -302,7 +311,11 @@ class DistributedTrainer(mx.gluon.Trainer):
         process_set: ProcessSet = global_process_set,
         op: Any = ReduceOp.AVERAGE,
         cross_barrier: Optional[bool] = None,
+        **kwargs: Any,
     ) -> None:
+        asynchronous = async_requested(kwargs, current_mode(), "DistributedTrainer")
+        if asynchronous and process_set is not global_process_set:
+            raise FastPSError("DistributedTrainer(async=True) trains on every rank: no process_set")
         # num_groups (Horovod's fusion groups) is accepted and unused: every gradient is in
         # flight at once anyway, and the core fuses, cuts and schedules the parts.
         rop = C.resolve_op(op, None)
@@ -346,6 +359,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         weakref.finalize(self, self._fastps_fusion.drop)
         self._fastps_cb = _cross_barrier(cross_barrier, rop, process_set)
         self._fastps_deferred = 0  # gradients whose wait went to the engine (tests)
+        self._fastps_async: Optional[DeltaExchange] = (
+            DeltaExchange("DistributedTrainer(async)") if asynchronous else None
+        )
 
     def step(self, batch_size: float, ignore_stale_grad: bool = False) -> None:
         EW.raise_pending_error("DistributedTrainer")
@@ -400,7 +416,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             return  # a rank outside the set trains on its own gradients (as Horovod)
         if not self._fastps_checked:
             self._fastps_check()
-        if self._fastps_op == ReduceOp.ADASUM:
+        if self._fastps_op == ReduceOp.ADASUM or self._fastps_async is not None:
             # The updates are combined in _update; here only the devices' gradients are
             # summed, so every device applies the same local update.
             for _, param, grad in self._local_grads():
@@ -473,7 +489,59 @@ class DistributedTrainer(mx.gluon.Trainer):
             for other in self._params[i].list_grad()[1:]:
                 grad.copyto(other)
 
+    def _fastps_live(self) -> List[Tuple[int, Any]]:
+        return [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
+
+    def _fastps_async_names(self, live: List[Tuple[int, Any]]) -> List[str]:
+        return [f"{self._fastps_prefix}param.{i}" for i, _ in live]
+
+    def _fastps_async_update(self, ignore_stale_grad: bool) -> None:
+        """The local step, then the delta exchange (core/async_mode.py)."""
+        exchange = self._fastps_async
+        assert exchange is not None
+        live = self._fastps_live()
+        for _, p in live:
+            if np.dtype(p.dtype) not in (np.float32, np.float64, np.float16):
+                raise FastPSError(
+                    f"DistributedTrainer(async): parameter '{p.name}' is {np.dtype(p.dtype)} "
+                    "(float32, float64, float16 are supported)"
+                )
+        before = [p.list_data()[0].asnumpy() for _, p in live]  # a copy each
+        super()._update(ignore_stale_grad)
+        after = [p.list_data()[0].asnumpy() for _, p in live]
+        exchange.step(self._fastps_async_names(live), before, after)
+        for (_, p), value in zip(live, after):
+            for data in p.list_data():
+                data[:] = value
+
+    def pull_parameters(self) -> None:
+        """Async: loads the parameters the servers hold (e.g. before a checkpoint)."""
+        self._fastps_async_io(read=True)
+
+    def push_parameters(self) -> None:
+        """Async: rank 0's parameters replace the servers' (and every worker's); call it
+        on every worker, e.g. after rank 0 loaded a checkpoint."""
+        self._fastps_async_io(read=False)
+
+    def _fastps_async_io(self, read: bool) -> None:
+        exchange = self._fastps_async
+        if exchange is None:
+            raise FastPSError("pull_parameters/push_parameters need DistributedTrainer(async=True)")
+        live = self._fastps_live()
+        arrays = [p.list_data()[0].asnumpy() for _, p in live]
+        named = list(zip(self._fastps_async_names(live), arrays))
+        if read:
+            exchange.pull(named)
+        else:
+            exchange.push(named)
+        for (_, p), value in zip(live, arrays):
+            for data in p.list_data():
+                data[:] = value
+
     def _update(self, ignore_stale_grad: bool = False) -> None:
+        if self._fastps_async is not None and self._fastps_active():
+            self._fastps_async_update(ignore_stale_grad)
+            return
         if self._fastps_op != ReduceOp.ADASUM or not self._fastps_active():
             super()._update(ignore_stale_grad)
             return

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Type
 
+from fastps.async_mode import async_requested, current_mode
+
 from . import _engine as E
 from . import cross_barrier as CB
 from . import ops as O
 from ._reducer import GradientReducer
+from .async_optimizer import make_async_optimizer
 from .compression import Compression, Compressor
 
 __all__ = ["DistributedOptimizer"]
@@ -143,6 +146,7 @@ def DistributedOptimizer(
     process_set: Any = None,
     scale_local_gradients: bool = True,
     cross_barrier: Optional[bool] = None,
+    **kwargs: Any,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
     gradients averaged (``op=Sum``: summed) over all workers. A Keras 2 optimizer
@@ -161,6 +165,9 @@ def DistributedOptimizer(
     forward pass of its layer). Exactly the synchronous update; see
     ``fastps.tensorflow.cross_barrier`` for the optimizers it covers and the reads (compiled
     functions) that need ``optimizer.wait_for_updates()`` first.
+    ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
+    asynchronous training against parameters the servers keep (``async_optimizer.py``,
+    docs/async.md); the reduction arguments then do not apply.
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups, scale_local_gradients, average_aggregated_gradients
@@ -183,6 +190,8 @@ def DistributedOptimizer(
         )
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
+    if async_requested(kwargs, current_mode()):
+        return make_async_optimizer(optimizer, name)
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
 
 import torch
 from fastps import async_mode as _async
+from fastps.async_mode import async_requested
 from fastps.errors import FastPSError
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
@@ -91,12 +92,14 @@ class _AsyncMixin:
         st = self._fastps_async
         for p in st.params:
             p.stage()
-        _async.init_params(st.named())
+        _async.replace_params(st.named())
         for p in st.params:
             p.load()
 
 
 _AsyncMixin.step.hooked = True  # type: ignore[attr-defined]  # torch wraps the base step
+
+__all__ = ["make_async_optimizer", "async_requested"]
 
 _classes: Dict[type, Type[Any]] = {}
 _ADOPT_SKIP = ("step", "zero_grad", "_opt_called", "_fastps_async")
@@ -132,17 +135,3 @@ def make_async_optimizer(
     wrapped._fastps_async = _AsyncState(params)
     wrapped.push_parameters()  # the servers start from rank 0's parameters
     return wrapped
-
-
-def async_requested(kwargs: Dict[str, Any], mode: str) -> bool:
-    """``async=True`` (a keyword in Python: pass ``**{"async": True}``) or its alias
-    ``asynchronous=True``; neither: FASTPS_MODE / init(mode=...)."""
-    flags = {k: kwargs.pop(k) for k in ("async", "asynchronous") if k in kwargs}
-    flags = {k: v for k, v in flags.items() if v is not None}  # None: not said
-    if kwargs:
-        raise TypeError(f"DistributedOptimizer got unexpected keyword arguments {sorted(kwargs)}")
-    if len(set(map(bool, flags.values()))) > 1:
-        raise ValueError(f"DistributedOptimizer: async and asynchronous disagree ({flags})")
-    if flags:
-        return bool(next(iter(flags.values())))
-    return mode == "async"

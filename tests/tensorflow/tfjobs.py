@@ -34,6 +34,7 @@ def fastpsrun(
     timeout: float = 240,
     num_servers: int = 1,
     op_timeout: Optional[float] = None,
+    env: Optional[Dict[str, str]] = None,
 ) -> subprocess.CompletedProcess:
     """Runs ``python argv...`` as ``n`` workers under fastpsrun and returns the finished run.
 
@@ -50,7 +51,9 @@ def fastpsrun(
         sys.executable,
         *argv,
     ]
+    extra = env or {}
     env = job_env() if op_timeout is None else job_env(op_timeout)
+    env.update(extra)
     p = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
