@@ -77,7 +77,7 @@ def child(args: argparse.Namespace) -> None:
 def run_mode(rack: Any, args: argparse.Namespace, mode: str, port: int) -> Dict[str, Any]:
     n = args.racks * args.hosts
     with tempfile.TemporaryDirectory(prefix="hier-rack-") as out:
-        env = {"RACK_RESULT_DIR": out, "OMP_WAIT_POLICY": "PASSIVE"}
+        env = {"RACK_RESULT_DIR": out, "OMP_WAIT_POLICY": "PASSIVE", **args.env}
         if mode == "flat":
             env["FASTPS_RACK"] = ""
         argv = [
@@ -123,7 +123,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--port", type=int, default=29650)
     p.add_argument("--prefix", default="fpsh")
+    p.add_argument(
+        "--env", nargs="*", default=[], help="KEY=VALUE for every process of both schemes"
+    )
     args = p.parse_args(argv)
+    args.env = dict(item.split("=", 1) for item in args.env)
     if args.child:
         child(args)
         return 0
@@ -140,7 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(
         f"# {args.racks} racks x {args.hosts} hosts at {args.rate:g} Mbit/s, uplinks "
         f"{args.uplink:g} Mbit/s ({args.hosts * args.rate / args.uplink:g}:1); {args.model} "
-        f"x{args.scale:g} = {model_bytes / 1e6:.1f} MB; load average {os.getloadavg()[0]:.1f}",
+        f"x{args.scale:g} = {model_bytes / 1e6:.1f} MB; env {args.env}; "
+        f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     rows = []

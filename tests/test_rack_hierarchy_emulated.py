@@ -50,7 +50,7 @@ WORKER = textwrap.dedent(f"""
 
 def _uplink_tx_bytes(rack: Rack, k: int) -> int:
     out = subprocess.run(
-        ["ip", "-n", f"{rack.prefix}-s{k}", "-s", "-j", "link", "show", "up"],
+        ["ip", "-n", f"{rack.prefix}-s{k}", "-s", "-j", "link", "show", "uplink"],
         capture_output=True,
         text=True,
         timeout=20,

@@ -10,7 +10,7 @@ Layout for ``Rack(n_workers=2, n_cpu_hosts=1, rate_mbit=..., prefix="fpsr")``::
 Two-level racks (``racks=2, uplink_mbit=...``): each rack gets its own switch namespace
 (``fpsr-sw0``, ``fpsr-sw1``, ...) whose bridge takes that rack's hosts (hosts are split
 over the racks in order, workers and CPU hosts alike), and a core switch ``fpsr-sw``
-whose bridge takes one uplink veth per rack (port ``up`` in the rack switch, ``r<k>`` in
+whose bridge takes one uplink veth per rack (port ``uplink`` in the rack switch, ``r<k>`` in
 the core), shaped in both directions at ``uplink_mbit``. 4 hosts at 1000 Mbit/s behind a
 1000 Mbit/s uplink is 4:1 oversubscribed. ``env_for`` adds ``FASTPS_RACK=r<k>``.
 
@@ -64,6 +64,7 @@ _CPU_NET = "198.18.2."
 _MAX_HOSTS_PER_ROLE = 250
 _HOST_IF = "eth0"
 _BRIDGE = "br0"
+_UPLINK = "uplink"  # a rack switch's port to the core ("up" would read as a keyword)
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 _CMD_TIMEOUT = 20.0
 _LOG_CAP_CHARS = 8 * 1024 * 1024  # per host; oldest lines are dropped beyond this
@@ -800,7 +801,7 @@ class Rack:
                 "ip",
                 "link",
                 "add",
-                "up",
+                _UPLINK,
                 "netns",
                 ns,
                 "type",
@@ -812,12 +813,12 @@ class Rack:
                 self.switch_ns,
             ]
         )
-        _run(["ip", "-n", ns, "link", "set", "up", "master", _BRIDGE])
+        _run(["ip", "-n", ns, "link", "set", _UPLINK, "master", _BRIDGE])
         _run(["ip", "-n", self.switch_ns, "link", "set", core, "master", _BRIDGE])
         if self.uplink_mbit is not None:
-            self._shape_dev(ns, "up", self.uplink_mbit, [])
+            self._shape_dev(ns, _UPLINK, self.uplink_mbit, [])
             self._shape_dev(self.switch_ns, core, self.uplink_mbit, [])
-        _run(["ip", "-n", ns, "link", "set", "up", "up"])
+        _run(["ip", "-n", ns, "link", "set", _UPLINK, "up"])
         _run(["ip", "-n", self.switch_ns, "link", "set", core, "up"])
 
     def _shape_dev(self, ns: str, dev: str, mbit: float, extra: List[str]) -> None:
