@@ -207,11 +207,11 @@ def membership_weights(membership: Any) -> List[float]:
     stated FASTPS_LINK_MBIT, else at the fastest listed rate (said once in a warning: listing
     only the slow host would otherwise make every host look equally slow). Under the rack
     hierarchy (workers on two or more racks): rack_server_weights, with FASTPS_RACK_UPLINKS."""
-    worker_racks = [w.rack for w in sorted(membership.workers, key=lambda w: w.rank)]
+    worker_racks = [getattr(w, "rack", "") for w in membership.workers]
     if len(set(worker_racks)) > 1:
         return rack_server_weights(
             worker_racks,
-            [s.rack for s in sorted(membership.servers, key=lambda s: s.id)],
+            [getattr(s, "rack", "") for s in sorted(membership.servers, key=lambda s: s.id)],
             parse_rack_rates(os.environ.get("FASTPS_RACK_UPLINKS")),
         )
     bandwidths = parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS"))
@@ -240,7 +240,7 @@ def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> 
     the rack hierarchy: the plan splits host links by flat flows, which relays replace."""
     workers = sorted(membership.workers, key=lambda w: w.rank)
     servers = sorted(membership.servers, key=lambda s: s.id)
-    if len({w.rack for w in workers}) > 1:
+    if len({getattr(w, "rack", "") for w in workers}) > 1:
         link_mbit = 0.0
     return pacing_plan(
         [w.hostname for w in workers],
