@@ -108,6 +108,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
         local_servers: List[bool] = []
         num_hosts = 0
         pacing: List[float] = []
+        rack_plan: Optional[placement.RackPlan] = None
         hosts: List[str] = [cfg.hostname]
         link = 0.0
         if cfg.scheduler_addr is None:
@@ -129,7 +130,9 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
                 cfg.hostname,
                 num_workers=cfg.num_workers,
                 num_servers=cfg.num_servers,
+                rack=cfg.rack,
             )
+            rack_plan = placement.membership_rack_plan(membership, cfg.shm)
             servers = [s.addr for s in membership.servers if s.addr]
             weights = placement.membership_weights(membership)
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
@@ -149,6 +152,10 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             local_servers=local_servers,
             num_hosts=num_hosts,
         )
+        if rack_plan is not None:
+            opts.relay_via = rack_plan.relay_via[cfg.rank]
+            opts.owner_pushers = rack_plan.owner_pushers
+            opts.rack_pushers = rack_plan.rack_pushers[cfg.rank]
         try:
             rerouting = client is not None and membership is not None and cfg.elastic_servers
             if rerouting:

@@ -317,6 +317,9 @@ class Config:
     server_port: int = 0
     host: str = "127.0.0.1"
     hostname: str = ""
+    # FASTPS_RACK: the rack this process is in (rack-level hierarchy, docs/rack-hierarchy.md);
+    # "" everywhere: one flat job.
+    rack: str = ""
     partition_bytes: Optional[int] = None
     credit_bytes: Optional[int] = None
     window_bytes: int = DEFAULT_WINDOW_BYTES
@@ -416,6 +419,7 @@ class Config:
             or default_advertised_host(scheduler_addr[0] if scheduler_addr else None)
         )
         hostname = e.raw("FASTPS_HOSTNAME") or socket.gethostname()
+        rack = (e.raw("FASTPS_RACK") or "").strip()
 
         conns, _ = e.integer(("FASTPS_CONNS_PER_SERVER",), DEFAULT_CONNS_PER_SERVER, minimum=1)
         threads, _ = e.integer(("FASTPS_ENGINE_THREADS",), DEFAULT_ENGINE_THREADS, minimum=1)
@@ -470,6 +474,7 @@ class Config:
             server_port=server_port,
             host=host,
             hostname=hostname,
+            rack=rack,
             partition_bytes=partition_bytes,
             credit_bytes=e.optional_size("FASTPS_CREDIT_BYTES"),
             window_bytes=e.size0("FASTPS_WINDOW_BYTES", DEFAULT_WINDOW_BYTES),

@@ -121,6 +121,7 @@ class WorkerInfo:
     pid: int
     local_rank: int
     local_size: int
+    rack: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class ServerInfo:
     host: str
     hostname: str
     pid: int
+    rack: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class Membership:
                     pid=int(w["pid"]),
                     local_rank=int(w["local_rank"]),
                     local_size=int(w["local_size"]),
+                    rack=str(w.get("rack") or ""),
                 )
                 for w in msg["workers"]
             ]
@@ -160,6 +163,7 @@ class Membership:
                     host=str(s["host"]),
                     hostname=str(s["hostname"]),
                     pid=int(s["pid"]),
+                    rack=str(s.get("rack") or ""),
                 )
                 for s in msg["servers"]
             ]
@@ -316,6 +320,7 @@ class ControlClient:
         data_addr: Optional[str] = None,
         num_workers: Optional[int] = None,
         num_servers: Optional[int] = None,
+        rack: str = "",
     ) -> Membership:
         """Connects (retrying while the scheduler is not up yet), authenticates, registers,
         and waits until every worker and server has registered.
@@ -364,6 +369,8 @@ class ControlClient:
             "pid": os.getpid(),
             "data_addr": data_addr,
         }
+        if rack:
+            msg["rack"] = rack
         if num_workers is not None:
             msg["num_workers"] = int(num_workers)
         if num_servers is not None:

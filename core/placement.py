@@ -205,7 +205,15 @@ def membership_weights(membership: Any) -> List[float]:
     """server_weights for a job's membership, with FASTPS_HOST_BANDWIDTHS: what every
     process of the job computes the same way. Hosts the variable does not name run at a
     stated FASTPS_LINK_MBIT, else at the fastest listed rate (said once in a warning: listing
-    only the slow host would otherwise make every host look equally slow)."""
+    only the slow host would otherwise make every host look equally slow). Under the rack
+    hierarchy (workers on two or more racks): rack_server_weights, with FASTPS_RACK_UPLINKS."""
+    worker_racks = [getattr(w, "rack", "") for w in membership.workers]
+    if len(set(worker_racks)) > 1:
+        return rack_server_weights(
+            worker_racks,
+            [getattr(s, "rack", "") for s in sorted(membership.servers, key=lambda s: s.id)],
+            parse_rack_rates(os.environ.get("FASTPS_RACK_UPLINKS")),
+        )
     bandwidths = parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS"))
     workers = [w.hostname for w in membership.workers]
     spots = [ServerSpot(s.id, s.hostname) for s in membership.servers]
@@ -228,9 +236,12 @@ def membership_weights(membership: Any) -> List[float]:
 
 
 def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> tuple:
-    """pacing_plan for a job's membership: workers by rank, servers by id."""
+    """pacing_plan for a job's membership: workers by rank, servers by id. Unpaced under
+    the rack hierarchy: the plan splits host links by flat flows, which relays replace."""
     workers = sorted(membership.workers, key=lambda w: w.rank)
     servers = sorted(membership.servers, key=lambda s: s.id)
+    if len({getattr(w, "rack", "") for w in workers}) > 1:
+        link_mbit = 0.0
     return pacing_plan(
         [w.hostname for w in workers],
         [s.hostname for s in servers],
@@ -238,4 +249,227 @@ def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> 
         link_mbit,
         parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
         local_reduce,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Rack-level hierarchy (PHub §3.4; docs/rack-hierarchy.md).
+#
+# With workers on r racks, a part owned by a server in rack A is summed in every other
+# rack R first, by R's "relay" for that owner (one of R's servers), which pushes one copy
+# up to the owner and fans the owner's one answer out. Per unit of model, the uplink of a
+# rack that owns a share w of the model carries (1 - w) of relayed sums out and w*(r-1)
+# of answers out (the same in): 1 + (r-2)*w. A host that runs one of the rack's h
+# servers and one worker moves 2(h-1)/h as a worker and a server inside the rack plus its
+# server's cut of the uplink traffic, (1 + (r-2)*w)/h. So with host links of rate B and
+# rack uplinks of rate U_R, a round of M bytes needs at least
+#
+#   T_hier = M * max over racks R of max((2(h_R-1) + 1 + (r-2) w_R) / (h_R B),
+#                                        (1 + (r-2) w_R) / U_R)
+#
+# For r = 2 the uplink term is M/U whatever the split; 2 racks x 4 hosts x 1 Gbit/s behind
+# 1 Gbit/s uplinks (4:1) give max(1.75 M/B, M/U) = 1.75 M/B: the in-rack all-reduce term.
+# The flat scheme pushes every worker's part across: the uplink carries h_R (1 - w_R) of
+# pushes plus w_R (n - h_R) of answers, 4 M out for the same topology, 2.29x the bound.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RackPlan:
+    """Who pushes where under the rack hierarchy; servers by position, workers by rank.
+
+    ``relay_via[rank][s]``: the server position that worker ``rank`` pushes server s's
+    parts to (s itself when s is in its rack or its rack has no server).
+    ``owner_pushers[s]``: pushes server s waits for per part (its rack's pushers plus one
+    per other rack with a relay, plus the pushers of racks without a server).
+    ``rack_pushers[rank]``: pushes per part a relay in that worker's rack waits for.
+    ``relay_rank[rack]``: the worker rank the rack's relays push as (its lowest rank).
+    """
+
+    racks: List[str]
+    relay_via: List[List[int]]
+    owner_pushers: List[int]
+    rack_pushers: List[int]
+    relay_rank: Dict[str, int]
+
+
+def parse_rack_rates(text: Optional[str]) -> Dict[str, float]:
+    """``FASTPS_RACK_UPLINKS="a=1000,b=250"`` (rack = Mbit/s) -> dict."""
+    try:
+        return parse_bandwidths(text)
+    except FastPSError as exc:
+        raise FastPSError(
+            str(exc).replace("FASTPS_HOST_BANDWIDTHS", "FASTPS_RACK_UPLINKS")
+        ) from None
+
+
+def rack_shares(uplinks: Sequence[float]) -> List[float]:
+    """Share of the model each rack's servers own, from the racks' uplink rates.
+
+    A rack owning w sends 1 + (r-2) w per model byte over its uplink; equalising
+    (1 + (r-2) w_R) / U_R over the racks gives w_R = (t U_R - 1) / (r-2) with
+    t = (2r-2) / sum U. A rack whose uplink is too slow for any share owns none and the
+    rest is solved again. With two racks every split costs the same uplink time: equal.
+    """
+    r = len(uplinks)
+    if r == 0:
+        return []
+    if any(not u > 0 for u in uplinks):
+        raise FastPSError(f"rack uplink rates must be > 0, got {list(uplinks)}")
+    if r <= 2:
+        return [1.0 / r] * r
+    active = list(range(r))
+    while True:
+        k = len(active)
+        total = sum(uplinks[i] for i in active)
+        # Racks left out still send their whole sum up (1 per model byte); only the
+        # owning racks' terms depend on the split, so solve among them.
+        t = (k + r - 2) / total if k > 0 else 0.0
+        shares = {i: (t * uplinks[i] - 1.0) / (r - 2) for i in active}
+        low = [i for i, w in shares.items() if w <= 0]
+        if not low or k == 1:
+            out = [0.0] * r
+            for i, w in shares.items():
+                out[i] = max(w, 0.0)
+            s = sum(out)
+            return [w / s for w in out] if s > 0 else [1.0 / r] * r
+        active = [i for i in active if i not in low]
+
+
+def rack_plan(
+    worker_racks: Sequence[str],
+    worker_units: Sequence[str],
+    server_racks: Sequence[str],
+) -> Optional[RackPlan]:
+    """The routes of the rack hierarchy, or None for a flat job (no process names a rack,
+    or all workers share one rack).
+
+    ``worker_units[rank]`` names what pushes a part once: the host when workers reduce
+    locally first (shared memory), else the rank itself.
+    """
+    named = [r for r in [*worker_racks, *server_racks] if r]
+    if not named:
+        return None
+    for rank, rack in enumerate(worker_racks):
+        if not rack:
+            raise FastPSError(
+                f"worker {rank} names no rack (FASTPS_RACK) while others do: set it everywhere"
+            )
+    for pos, rack in enumerate(server_racks):
+        if not rack:
+            raise FastPSError(
+                f"server {pos} names no rack (FASTPS_RACK) while others do: set it everywhere"
+            )
+    unit_rack: Dict[str, str] = {}
+    for rank, (unit, rack) in enumerate(zip(worker_units, worker_racks)):
+        if unit_rack.setdefault(unit, rack) != rack:
+            raise FastPSError(
+                f"worker {rank} on {unit!r} is in rack {rack!r} but another worker there is "
+                f"in rack {unit_rack[unit]!r}: a host is in one rack"
+            )
+    racks = sorted(set(worker_racks))
+    if len(racks) < 2:
+        return None
+    units_in = {rack: len({u for u, rr in unit_rack.items() if rr == rack}) for rack in racks}
+    servers_in: Dict[str, List[int]] = {}
+    for pos, rack in enumerate(server_racks):
+        servers_in.setdefault(rack, []).append(pos)
+    relays = [rack for rack in racks if servers_in.get(rack)]
+    owner_pushers = []
+    for owner_rack in server_racks:
+        n = units_in.get(owner_rack, 0)
+        for rack in racks:
+            if rack != owner_rack:
+                n += 1 if rack in relays else units_in[rack]
+        owner_pushers.append(n)
+
+    def via(rack: str, owner: int) -> int:
+        owner_rack = server_racks[owner]
+        here = servers_in.get(rack, [])
+        if owner_rack == rack or not here:
+            return owner
+        # The owner's index among its rack's servers picks the relay, so relayed traffic
+        # spreads over the rack's servers as evenly as ownership does.
+        return here[servers_in[owner_rack].index(owner) % len(here)]
+
+    relay_via = [[via(rack, s) for s in range(len(server_racks))] for rack in worker_racks]
+    relay_rank = {
+        rack: min(i for i, rr in enumerate(worker_racks) if rr == rack) for rack in relays
+    }
+    return RackPlan(
+        racks=racks,
+        relay_via=relay_via,
+        owner_pushers=owner_pushers,
+        rack_pushers=[units_in[rack] for rack in worker_racks],
+        relay_rank=relay_rank,
+    )
+
+
+def rack_server_weights(
+    worker_racks: Sequence[str],
+    server_racks: Sequence[str],
+    uplinks: Optional[Mapping[str, float]] = None,
+) -> List[float]:
+    """Share of bytes per server position: each rack's share (rack_shares, from its uplink
+    rate; racks named in none get the fastest rate stated, else equal) split evenly over
+    its servers. Racks without workers own nothing."""
+    uplinks = dict(uplinks or {})
+    owning = sorted({r for r in server_racks if r in set(worker_racks)})
+    if not owning:
+        raise FastPSError(
+            f"no server is in a rack with workers (servers' racks {sorted(set(server_racks))}, "
+            f"workers' {sorted(set(worker_racks))})"
+        )
+    default = max(uplinks.values(), default=1.0)
+    shares = dict(zip(owning, rack_shares([uplinks.get(r, default) for r in owning])))
+    count = {r: server_racks.count(r) for r in owning}
+    return [shares[r] / count[r] if r in shares else 0.0 for r in server_racks]
+
+
+def hierarchy_bound(
+    hosts_per_rack: Sequence[int],
+    host_mbit: float,
+    uplink_mbit: Sequence[float],
+    model_bytes: float,
+    shares: Optional[Sequence[float]] = None,
+) -> float:
+    """Seconds per round of ``model_bytes`` under the hierarchy (formula above); racks
+    with one server and one worker per host, owning ``shares`` (default rack_shares)."""
+    r = len(hosts_per_rack)
+    if shares is None:
+        shares = rack_shares(uplink_mbit)
+    b = host_mbit * 1e6 / 8
+    worst = 0.0
+    for h, u, w in zip(hosts_per_rack, uplink_mbit, shares):
+        up = 1.0 + (r - 2) * w if r > 1 else 0.0
+        worst = max(worst, (2 * (h - 1) + up) / (h * b), up / (u * 1e6 / 8))
+    return model_bytes * worst
+
+
+def flat_bound(
+    hosts_per_rack: Sequence[int],
+    host_mbit: float,
+    uplink_mbit: Sequence[float],
+    model_bytes: float,
+) -> float:
+    """Seconds per round without the hierarchy: every worker pushes to every server (one
+    per host, equal shares), so a rack's uplink carries h (1 - w) of pushes and w (n - h)
+    of answers each way."""
+    n = sum(hosts_per_rack)
+    b = host_mbit * 1e6 / 8
+    worst = 2 * (n - 1) / (n * b) if n > 1 else 0.0
+    for h, u in zip(hosts_per_rack, uplink_mbit):
+        w = h / n
+        worst = max(worst, (h * (1 - w) + w * (n - h)) / (u * 1e6 / 8))
+    return model_bytes * worst
+
+
+def membership_rack_plan(membership: Any, shm: bool) -> Optional[RackPlan]:
+    """rack_plan for a job's membership: workers by rank, servers by position."""
+    workers = sorted(membership.workers, key=lambda w: w.rank)
+    servers = [s for s in sorted(membership.servers, key=lambda s: s.id) if s.addr]
+    return rack_plan(
+        [w.rack for w in workers],
+        [w.hostname if shm else f"rank {w.rank}" for w in workers],
+        [s.rack for s in servers],
     )

@@ -598,6 +598,7 @@ class Scheduler:
         role, node_id = msg.get("role"), msg.get("id")
         host, hostname, pid = msg.get("host"), msg.get("hostname"), msg.get("pid")
         data_addr = msg.get("data_addr")
+        rack = msg.get("rack", "")
         if conn.role is not None:
             self._reject(conn, f"{conn.label} registered twice")
             return
@@ -610,6 +611,9 @@ class Scheduler:
             return
         if not (isinstance(host, str) and isinstance(hostname, str) and _is_int(pid)):
             self._reject(conn, f"invalid register message from {role} {node_id}: host/hostname/pid")
+            return
+        if not isinstance(rack, str) or len(rack) > 64:
+            self._reject(conn, f"invalid rack {rack!r} from {role} {node_id}: FASTPS_RACK")
             return
         if data_addr is not None and not isinstance(data_addr, str):
             self._reject(conn, f"invalid data_addr {data_addr!r} from {role} {node_id}")
@@ -653,7 +657,13 @@ class Scheduler:
             )
             return
         conn.role, conn.node_id = role, node_id
-        conn.info = {"host": host, "hostname": hostname, "pid": pid, "data_addr": data_addr}
+        conn.info = {
+            "host": host,
+            "hostname": hostname,
+            "pid": pid,
+            "data_addr": data_addr,
+            "rack": rack,
+        }
         table[node_id] = conn
         log.info("registered %s", conn.label)
         if role == "server" and self._shutdown_sent:
@@ -695,6 +705,7 @@ class Scheduler:
                     "pid": info["pid"],
                     "local_rank": group.index(rank),
                     "local_size": len(group),
+                    "rack": info.get("rack", ""),
                 }
             )
         servers = [
@@ -704,6 +715,7 @@ class Scheduler:
                 "host": self._servers[sid].info["host"],
                 "hostname": self._servers[sid].info["hostname"],
                 "pid": self._servers[sid].info["pid"],
+                "rack": self._servers[sid].info.get("rack", ""),
             }
             for sid in sorted(self._servers)
             if ("server", sid) not in self._left

@@ -132,9 +132,11 @@ def run_server(
                 data_addr=data_addr,
                 num_workers=cfg.num_workers,
                 num_servers=cfg.num_servers,
+                rack=cfg.rack,
             )
         finally:
             state["registering"] = False
+        _set_rack_route(srv, cfg, membership)
         log.info("%s serving %d workers on %s", me, len(membership.workers), data_addr)
         link, how = link_mbit_for(cfg.link_mbit, cfg.host)
         log.debug("%s: link %.0f Mbit/s (%s)", me, link, how)
@@ -167,6 +169,27 @@ def run_server(
                 log.error("%s: could not write its timeline: %s", me, exc)
         client.close()
     return code
+
+
+def _set_rack_route(srv: Any, cfg: Config, membership: Any) -> None:
+    """Under the rack hierarchy (placement.rack_plan): where this server relays its rack's
+    sums, and the rank it pushes them as."""
+    plan = placement.membership_rack_plan(membership, cfg.shm)
+    if plan is None or cfg.rack not in plan.relay_rank:
+        return
+    if not hasattr(srv, "set_rack_route"):
+        raise FastPSError("this data-plane server cannot relay rack sums (no set_rack_route)")
+    servers = [s for s in sorted(membership.servers, key=lambda s: s.id) if s.addr]
+    srv.set_rack_route(
+        [s.addr for s in servers], list(range(len(servers))), plan.relay_rank[cfg.rack], cfg.rack
+    )
+    log.info(
+        "server %d: rack %r relays to %d owners as worker %d",
+        cfg.server_id,
+        cfg.rack,
+        len(servers),
+        plan.relay_rank[cfg.rack],
+    )
 
 
 def _start_timeline(cfg: Config) -> None:

@@ -65,8 +65,11 @@ class Job:
         server_hosts: Optional[List[str]] = None,
         job_id: Optional[str] = None,
         custom: Optional[Dict[Tuple[str, int], List[str]]] = None,
+        worker_racks: Optional[List[str]] = None,
+        server_racks: Optional[List[str]] = None,
     ) -> None:
-        """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines.
+        """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines;
+        worker_racks/server_racks: their FASTPS_RACK (rack-level hierarchy).
         custom: python arguments of particular processes, by (role, index)."""
         custom = custom or {}
         self.job_id = job_id or "t" + secrets.token_hex(3)
@@ -99,12 +102,16 @@ class Job:
             env_s = dict(base, FASTPS_ROLE="server", FASTPS_SERVER_ID=str(s))
             if server_hosts:
                 env_s["FASTPS_HOSTNAME"] = server_hosts[s]
+            if server_racks:
+                env_s["FASTPS_RACK"] = server_racks[s]
             args = custom.get(("server", s), ["-m", "fastps.server"])
             self._spawn("server", s, [sys.executable, *args], env_s)
         for r in range(num_workers):
             env_w = dict(base, FASTPS_ROLE="worker", FASTPS_RANK=str(r))
             if worker_hosts:
                 env_w["FASTPS_HOSTNAME"] = worker_hosts[r]
+            if worker_racks:
+                env_w["FASTPS_RACK"] = worker_racks[r]
             self._spawn("worker", r, [sys.executable, *custom.get(("worker", r), argv)], env_w)
 
     def _spawn(self, role: str, index: int, argv: List[str], env: Dict[str, str]) -> None:

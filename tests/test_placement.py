@@ -8,9 +8,10 @@ import re
 
 import numpy as np
 import pytest
-from fastps import _core
+from fastps import _core, placement
 from fastps.api import worker_options
 from fastps.config import Config
+from fastps.errors import FastPSError
 from fastps.placement import (
     ANSWER_HEADROOM,
     ServerSpot,
@@ -247,3 +248,72 @@ def test_paced_flows_are_capped_and_sums_exact(link: str) -> None:
         assert max(times) < floor, times
     else:
         assert min(times) > 0.7 * floor, times
+
+
+# --- rack-level hierarchy (placement.rack_plan) -------------------------------------------
+
+
+def test_rack_plan_routes_each_part_through_its_racks_relay() -> None:
+    # Two racks of two workers, one server beside each worker.
+    plan = placement.rack_plan(["a", "a", "b", "b"], ["0", "1", "2", "3"], ["a", "a", "b", "b"])
+    assert plan is not None
+    # Rack a pushes servers 2 and 3's parts to its own servers 0 and 1, and vice versa.
+    assert plan.relay_via[0] == [0, 1, 0, 1] and plan.relay_via[1] == [0, 1, 0, 1]
+    assert plan.relay_via[2] == [2, 3, 2, 3] and plan.relay_via[3] == [2, 3, 2, 3]
+    # An owner waits for its rack's two workers and one relay from the other rack.
+    assert plan.owner_pushers == [3, 3, 3, 3]
+    assert plan.rack_pushers == [2, 2, 2, 2]
+    assert plan.relay_rank == {"a": 0, "b": 2}
+
+
+def test_rack_plan_counts_hosts_with_local_reduce_and_racks_without_servers() -> None:
+    plan = placement.rack_plan(
+        ["a", "a", "a", "b", "c"], ["h0", "h0", "h1", "h2", "h3"], ["a", "b"]
+    )
+    assert plan is not None
+    # Rack a: hosts h0 and h1; rack b relays; rack c has no server and pushes directly.
+    assert plan.owner_pushers == [2 + 1 + 1, 1 + 1 + 1]
+    assert plan.relay_via[4] == [0, 1]
+    assert plan.rack_pushers == [2, 2, 2, 1, 1]
+    assert plan.relay_rank == {"a": 0, "b": 3}
+
+
+def test_rack_plan_is_flat_without_racks_and_refuses_half_named_jobs() -> None:
+    assert placement.rack_plan(["", ""], ["0", "1"], [""]) is None
+    assert placement.rack_plan(["a", "a"], ["0", "1"], ["a"]) is None  # one rack
+    with pytest.raises(FastPSError, match="worker 1 names no rack"):
+        placement.rack_plan(["a", ""], ["0", "1"], ["a"])
+    with pytest.raises(FastPSError, match="server 0 names no rack"):
+        placement.rack_plan(["a", "b"], ["0", "1"], [""])
+    with pytest.raises(FastPSError, match="a host is in one rack"):
+        placement.rack_plan(["a", "b"], ["h0", "h0"], ["a", "b"])
+
+
+def test_rack_shares_balance_uplinks() -> None:
+    assert placement.rack_shares([1000, 250]) == [0.5, 0.5]  # two racks: any split costs M/U
+    shares = placement.rack_shares([1000, 1000, 1000])
+    assert shares == pytest.approx([1 / 3] * 3)
+    shares = placement.rack_shares([2000, 1000, 1000])
+    # Equal uplink time (1 + (r-2) w) / U over the racks.
+    times = [(1 + w) / u for w, u in zip(shares, [2000, 1000, 1000])]
+    assert sum(shares) == pytest.approx(1.0)
+    assert max(times) == pytest.approx(min(times))
+    # A rack too slow for any share owns none.
+    shares = placement.rack_shares([1000, 1000, 10])
+    assert shares[2] == 0.0 and sum(shares) == pytest.approx(1.0)
+
+
+def test_bounds_for_two_racks_of_four_behind_4_to_1_uplinks() -> None:
+    m = 100e6
+    hier = placement.hierarchy_bound([4, 4], 1000, [1000, 1000], m)
+    flat = placement.flat_bound([4, 4], 1000, [1000, 1000], m)
+    # In-rack all-reduce term 2(n-1)/n M/B = 1.75 M/B; flat: 4 M/U over each uplink.
+    assert hier == pytest.approx(1.75 * m / 125e6)
+    assert flat == pytest.approx(4 * m / 125e6)
+    # A slower uplink makes the uplink term the bound: M/U.
+    assert placement.hierarchy_bound([4, 4], 1000, [250, 250], m) == pytest.approx(m / 31.25e6)
+
+
+def test_rack_weights_split_each_racks_share_over_its_servers() -> None:
+    w = placement.rack_server_weights(["a", "b"], ["a", "a", "b", "x"])
+    assert w == pytest.approx([0.25, 0.25, 0.5, 0.0])  # rack x has no workers

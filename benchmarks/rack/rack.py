@@ -7,6 +7,13 @@ Layout for ``Rack(n_workers=2, n_cpu_hosts=1, rate_mbit=..., prefix="fpsr")``::
     netns fpsr-w1 : lo, eth0 198.18.1.2/16   <-veth->  port "w1" in fpsr-sw
     netns fpsr-c0 : lo, eth0 198.18.2.1/16   <-veth->  port "c0" in fpsr-sw
 
+Two-level racks (``racks=2, uplink_mbit=...``): each rack gets its own switch namespace
+(``fpsr-sw0``, ``fpsr-sw1``, ...) whose bridge takes that rack's hosts (hosts are split
+over the racks in order, workers and CPU hosts alike), and a core switch ``fpsr-sw``
+whose bridge takes one uplink veth per rack (port ``uplink`` in the rack switch, ``r<k>`` in
+the core), shaped in both directions at ``uplink_mbit``. 4 hosts at 1000 Mbit/s behind a
+1000 Mbit/s uplink is 4:1 oversubscribed. ``env_for`` adds ``FASTPS_RACK=r<k>``.
+
 Nothing is created in the root namespace, so no rack traffic can be forwarded to a real
 interface: the host namespaces have exactly one route (the 198.18.0.0/16 subnet on eth0)
 and the switch namespace has no addresses at all.
@@ -57,6 +64,7 @@ _CPU_NET = "198.18.2."
 _MAX_HOSTS_PER_ROLE = 250
 _HOST_IF = "eth0"
 _BRIDGE = "br0"
+_UPLINK = "uplink"  # a rack switch's port to the core ("up" would read as a keyword)
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 _CMD_TIMEOUT = 20.0
 _LOG_CAP_CHARS = 8 * 1024 * 1024  # per host; oldest lines are dropped beyond this
@@ -106,6 +114,7 @@ class Host:
     addr: str  # IPv4 address on eth0, e.g. "198.18.1.1"
     role: str  # "worker" or "cpu"
     index: int  # position within its role
+    rack: str = ""  # "r0", "r1", ... in a two-level rack; "" in a single one
 
 
 @dataclasses.dataclass
@@ -451,8 +460,14 @@ class Rack:
         delay_ms: float = 0,
         loss_pct: float = 0,
         prefix: str = "fpsr",
+        racks: int = 1,
+        uplink_mbit: Optional[float] = None,
     ) -> None:
         _validate_prefix(prefix)
+        if not 1 <= racks <= 16:
+            raise ValueError("racks must be in 1..16")
+        if racks > 1 and (n_workers and n_workers < racks):
+            raise ValueError(f"{racks} racks need at least {racks} worker hosts")
         if not 0 <= n_workers <= _MAX_HOSTS_PER_ROLE:
             raise ValueError(f"n_workers must be in 0..{_MAX_HOSTS_PER_ROLE}")
         if not 0 <= n_cpu_hosts <= _MAX_HOSTS_PER_ROLE:
@@ -468,12 +483,25 @@ class Rack:
         self.loss_pct = float(loss_pct)
         self.prefix = prefix
         self.switch_ns = f"{prefix}-sw"
+        self.racks = racks
+        self.uplink_mbit = uplink_mbit if uplink_mbit and uplink_mbit > 0 else None
+
+        def rack_of(i: int, n: int) -> str:
+            return f"r{i * racks // n}" if racks > 1 else ""
+
         hosts = [
-            Host(f"w{i}", f"{prefix}-w{i}", f"{_WORKER_NET}{i + 1}", "worker", i)
+            Host(
+                f"w{i}",
+                f"{prefix}-w{i}",
+                f"{_WORKER_NET}{i + 1}",
+                "worker",
+                i,
+                rack_of(i, n_workers),
+            )
             for i in range(n_workers)
         ]
         hosts += [
-            Host(f"c{j}", f"{prefix}-c{j}", f"{_CPU_NET}{j + 1}", "cpu", j)
+            Host(f"c{j}", f"{prefix}-c{j}", f"{_CPU_NET}{j + 1}", "cpu", j, rack_of(j, n_cpu_hosts))
             for j in range(n_cpu_hosts)
         ]
         self.hosts: List[Host] = hosts
@@ -523,7 +551,13 @@ class Rack:
         env = dict(os.environ)
         env["FASTPS_HOST"] = h.addr
         env["FASTPS_HOSTNAME"] = h.name
+        if h.rack:
+            env["FASTPS_RACK"] = h.rack
         return env
+
+    def switch_of(self, h: Host) -> str:
+        """The namespace of the switch a host's link ends in."""
+        return f"{self.prefix}-s{h.rack[1:]}" if h.rack else self.switch_ns
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -580,7 +614,11 @@ class Rack:
         problems: List[str] = []
         try:
             _stop_processes(self._procs, grace=1.0)
-            namespaces = [h.ns for h in self.hosts] + [self.switch_ns]
+            namespaces = [h.ns for h in self.hosts]
+            namespaces += [
+                f"{self.prefix}-s{k}" for k in range(self.racks if self.racks > 1 else 0)
+            ]
+            namespaces.append(self.switch_ns)
             for ns in namespaces:
                 if ns in self._created_ns:
                     _kill_ns_processes(ns)
@@ -688,7 +726,10 @@ class Rack:
             ]
         )
         _run(["ip", "-n", sw, "link", "set", _BRIDGE, "up"])
+        for k in range(self.racks if self.racks > 1 else 0):
+            self._add_rack_switch(k)
         for h in self.hosts:
+            sw = self.switch_of(h)
             self._ns_add(h.ns)
             # No IPv6: the only way out of a host is IPv4 on the rack subnet.
             _run(
@@ -729,6 +770,88 @@ class Rack:
             _run(["ip", "-n", sw, "link", "set", h.name, "up"])
             _run(["ip", "-n", h.ns, "link", "set", _HOST_IF, "up"])
 
+    def _add_bridge(self, ns: str) -> None:
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(
+            [
+                "ip",
+                "-n",
+                ns,
+                "link",
+                "add",
+                _BRIDGE,
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
+                "forward_delay",
+                "0",
+            ]
+        )
+        _run(["ip", "-n", ns, "link", "set", _BRIDGE, "up"])
+
+    def _add_rack_switch(self, k: int) -> None:
+        """Rack k's switch and its uplink to the core, shaped both ways at uplink_mbit."""
+        ns = f"{self.prefix}-s{k}"
+        self._ns_add(ns)
+        self._add_bridge(ns)
+        core = f"r{k}"
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                _UPLINK,
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                core,
+                "netns",
+                self.switch_ns,
+            ]
+        )
+        _run(["ip", "-n", ns, "link", "set", _UPLINK, "master", _BRIDGE])
+        _run(["ip", "-n", self.switch_ns, "link", "set", core, "master", _BRIDGE])
+        if self.uplink_mbit is not None:
+            self._shape_dev(ns, _UPLINK, self.uplink_mbit, [])
+            self._shape_dev(self.switch_ns, core, self.uplink_mbit, [])
+        _run(["ip", "-n", ns, "link", "set", _UPLINK, "up"])
+        _run(["ip", "-n", self.switch_ns, "link", "set", core, "up"])
+
+    def _shape_dev(self, ns: str, dev: str, mbit: float, extra: List[str]) -> None:
+        """An HTB class at mbit on dev's egress, with extra (netem) or a FIFO under it."""
+        tc = ["tc", "-n", ns]
+        rate = _tc_rate(mbit)
+        burst = str(_htb_burst_bytes(mbit))
+        _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
+        _run(
+            [
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:1",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "burst",
+                burst,
+                "cburst",
+                burst,
+            ]
+        )
+        leaf = ["netem", *extra] if extra else ["pfifo", "limit", "1000"]
+        _run([*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *leaf])
+
     def _shape(self, h: Host) -> None:
         netem: List[str] = []
         if self.delay_ms > 0:
@@ -737,7 +860,7 @@ class Rack:
             netem += ["loss", f"{self.loss_pct:g}%"]
         if netem:
             netem += ["limit", "100000"]
-        for ns, dev, extra in ((h.ns, _HOST_IF, netem), (self.switch_ns, h.name, [])):
+        for ns, dev, extra in ((h.ns, _HOST_IF, netem), (self.switch_of(h), h.name, [])):
             tc = ["tc", "-n", ns]
             if self.rate_mbit is None:
                 if extra:
@@ -812,7 +935,7 @@ class Rack:
             raise ValueError(f"host rate must be > 0 Mbit/s, got {mbit!r}")
         h = self.host(host)
         rate, burst = _tc_rate(mbit), str(_htb_burst_bytes(mbit))
-        for ns, dev in ((h.ns, _HOST_IF), (self.switch_ns, h.name)):
+        for ns, dev in ((h.ns, _HOST_IF), (self.switch_of(h), h.name)):
             _run(
                 [
                     *("tc", "-n", ns, "class", "change", "dev", dev, "parent", "1:"),

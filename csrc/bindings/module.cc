@@ -72,12 +72,15 @@ void bind_options(py::module_& m) {
       .def_readwrite("fusion_threshold", &WorkerOptions::fusion_threshold)
       .def_readwrite("shm", &WorkerOptions::shm)
       .def_readwrite("quorum", &WorkerOptions::quorum)
-      .def_readwrite("shm_bytes", &WorkerOptions::shm_bytes);
+      .def_readwrite("shm_bytes", &WorkerOptions::shm_bytes)
+      .def_readwrite("rack_pushers", &WorkerOptions::rack_pushers);
   list_option(wo, "servers", &WorkerOptions::servers);
   list_option(wo, "server_weights", &WorkerOptions::server_weights);
   list_option(wo, "pacing_bytes_per_s", &WorkerOptions::pacing_bytes_per_s);
   list_option(wo, "local_ranks", &WorkerOptions::local_ranks);
   list_option(wo, "local_servers", &WorkerOptions::local_servers);
+  list_option(wo, "relay_via", &WorkerOptions::relay_via);
+  list_option(wo, "owner_pushers", &WorkerOptions::owner_pushers);
 }
 
 // The core's error types become subclasses of fastps.errors' classes, so
@@ -227,7 +230,9 @@ PYBIND11_MODULE(_core, m) {
       .def("parts_summed", &Server::parts_summed)
       .def("late_pushes", &Server::late_pushes)
       .def("refused_connections", &Server::refused_connections)
-      .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"));
+      .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
+      .def("set_rack_route", &Server::set_rack_route, py::arg("owners"), py::arg("owner_ids"),
+           py::arg("rank"), py::arg("rack"), py::call_guard<py::gil_scoped_release>());
 
   py::class_<Worker>(m, "Worker")
       .def(py::init<WorkerOptions>(), py::arg("options"))

@@ -64,6 +64,12 @@ bool check_frame_header(const FrameHeader& h, std::string* why) {
                                                  kFlagQuorum | kFlagAsync | kFlagAsyncInit)))
     return bad(why, "flags", h.flags,
                "marks a shared-memory, routed, quorum or async part as compressed");
+  if ((h.flags & kFlagRelay) && type != MsgType::kPush)
+    return bad(why, "flags", h.flags, "marks a frame other than a push as relayed");
+  if ((h.flags & kFlagRelay) && (h.flags & ~kFlagRelay))
+    return bad(why, "flags", h.flags,
+               "marks a shared-memory, routed, quorum, async or "
+               "compressed push as relayed (a relayed push is a plain sum in bytes)");
   if (!is_data(type)) return true;
   if (h.dtype >= static_cast<uint8_t>(DType::kCount))
     return bad(why, "dtype", static_cast<unsigned>(h.dtype), "is not a known dtype code");
@@ -108,6 +114,10 @@ bool check_server_frame(const FrameHeader& h, uint32_t peer_rank, uint32_t num_w
   if (h.pushers > num_workers)
     return bad(why, "pushers", h.pushers,
                "exceeds the job's " + std::to_string(num_workers) + " workers");
+  if ((h.flags & kFlagRelay) && (h.shm_offset == 0 || h.shm_offset > num_workers))
+    return bad(why, "shm_offset", h.shm_offset,
+               "(pushes the owner of a relayed part waits for) is not in 1.." +
+                   std::to_string(num_workers));
   if ((h.flags & kFlagShm) && h.shm_segment >= num_workers)
     return bad(why, "shm_segment", h.shm_segment,
                "is not a rank of the job's " + std::to_string(num_workers) + " workers");

@@ -96,6 +96,10 @@ static std::string compressed_spec_text(const Payload& p, uint64_t len) {
 
 void SumEngine::handle(PushWork& w) {
   const FrameHeader& h = w.hdr;
+  if (h.type != static_cast<uint8_t>(MsgType::kPush)) {  // an owner's answer to a rack sum
+    relay_down(w);
+    return;
+  }
   if (h.flags & (kFlagAsync | kFlagAsyncInit)) {  // parameters kept here (param_store.h)
     std::string bad = params_.handle(w.conn, h, w.data);
     async_updates_ = params_.updates();
@@ -134,7 +138,11 @@ void SumEngine::handle(PushWork& w) {
     return;
   }
   uint32_t expected = h.pushers ? h.pushers : num_workers_;
+  uint32_t owner = (h.flags & kFlagRelay) ? h.shm_segment : kNotRelayed;
+  uint64_t owner_pushers = (h.flags & kFlagRelay) ? h.shm_offset : 0;
   if (st.count == 0) {
+    st.owner = owner;
+    st.owner_pushers = owner_pushers;
     st.expected = expected;
     st.dtype = h.dtype;
     st.len = h.len;
@@ -147,7 +155,8 @@ void SumEngine::handle(PushWork& w) {
     // other pushes of this round to agree with it.
     st.round = h.round;
   } else if (h.dtype != st.dtype || h.len != st.len || h.tensor_bytes != st.tensor_bytes ||
-             h.round != st.round || expected != st.expected) {
+             h.round != st.round || expected != st.expected || owner != st.owner ||
+             owner_pushers != st.owner_pushers) {
     std::ostringstream os;
     os << "mismatch in part " << h.part << " of tensor id " << h.tensor << ": worker "
        << st.first_rank << " pushed " << describe(st.dtype, st.len, st.tensor_bytes) << ", worker "
@@ -155,6 +164,12 @@ void SumEngine::handle(PushWork& w) {
     if (h.round != st.round) os << " (rounds " << st.round << " vs " << h.round << ")";
     if (expected != st.expected)
       os << " (they count " << st.expected << " vs " << expected << " pushing hosts)";
+    if (owner != st.owner || owner_pushers != st.owner_pushers)
+      os << " (rack routes differ: owner "
+         << static_cast<int64_t>(st.owner == kNotRelayed ? -1 : st.owner) << " waiting for "
+         << st.owner_pushers << " vs owner "
+         << static_cast<int64_t>(owner == kNotRelayed ? -1 : owner) << " waiting for "
+         << owner_pushers << "; -1: not relayed)";
     fail(st, h, os.str());
     return;
   }
@@ -215,6 +230,10 @@ static std::function<void()> answer_written(const FrameHeader& r, uint32_t rank)
 }
 
 void SumEngine::complete(KeyState& st, const FrameHeader& h) {
+  if (st.owner != kNotRelayed) {
+    relay_up(st, h);
+    return;
+  }
   FrameHeader r = h;
   r.type = static_cast<uint8_t>(MsgType::kResult);
   r.sender = server_id_;
@@ -263,6 +282,69 @@ void SumEngine::complete(KeyState& st, const FrameHeader& h) {
   st.round++;
   std::fill(st.reply_to.begin(), st.reply_to.end(), nullptr);
   parts_summed_++;
+}
+
+void SumEngine::relay_up(KeyState& st, const FrameHeader& h) {
+  uint64_t key = part_key(h.tensor, h.part);
+  std::ostringstream ctx;
+  ctx << "rack server " << server_id_ << " could not relay part " << h.part << " of tensor id "
+      << h.tensor << " to its owner, server " << st.owner << ": ";
+  if (relays_.count(key)) {
+    // Workers push a part's next round only after its answer: this would be a protocol bug.
+    if (fatal_) fatal_(ctx.str() + "its previous round is still unanswered");
+    return;
+  }
+  // The owner sees one push from this rack, made by the rack's relay rank.
+  FrameHeader up = h;
+  up.type = static_cast<uint8_t>(MsgType::kPush);
+  up.flags = 0;
+  up.round = st.round;
+  up.pushers = static_cast<uint32_t>(st.owner_pushers);
+  up.shm_offset = 0;
+  up.shm_segment = 0;
+  Payload sum = std::move(st.acc);
+  st.acc = Payload{};
+  PendingRelay& pending = relays_[key];
+  pending.owner = st.owner;
+  pending.reply_to.swap(st.reply_to);
+  st.reply_to.assign(num_workers_, nullptr);
+  st.count = 0;
+  st.contributed = 0;
+  st.round++;
+  parts_summed_++;
+  std::string why;
+  if (!relay_) why = "this server was given no rack route";
+  if (relay_) up.sender = relay_->rank();
+  if (!relay_ || !relay_->forward(pending.owner, up, sum, &why)) {
+    relays_.erase(key);
+    if (fatal_) fatal_(ctx.str() + why);
+  }
+}
+
+void SumEngine::relay_down(PushWork& w) {
+  const FrameHeader& h = w.hdr;
+  uint64_t key = part_key(h.tensor, h.part);
+  auto it = relays_.find(key);
+  if (it == relays_.end()) {
+    // An owner's error about a part this rack has not sent up yet: the owner told every
+    // worker directly as well, so there is no one here to tell.
+    if (h.type != static_cast<uint8_t>(MsgType::kError))
+      LOG_WARN("server " << server_id_ << ": an answer from server " << h.sender << " for part "
+                         << h.part << " of tensor id " << h.tensor
+                         << " that this rack is not waiting for");
+    return;
+  }
+  FrameHeader r = h;
+  r.sender = server_id_;
+  r.flags = 0;
+  r.pushers = 0;
+  for (uint32_t i = 0; i < it->second.reply_to.size(); ++i) {
+    auto& conn = it->second.reply_to[i];
+    if (!conn) continue;
+    Link(conn, false).send(r, w.data, answer_written(r, i));
+  }
+  relays_.erase(it);
+  w.data = Payload{};
 }
 
 void SumEngine::answer_late(PushWork& w) {

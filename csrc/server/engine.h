@@ -4,6 +4,8 @@
 // Routed parts (kFlagNoData / kFlagNoReply) make the same round a forward: the
 // sum runs over the pushes that carry data (one, to forward a block), and only
 // the pushers that asked for it get the result; the others get an empty answer.
+// Relayed parts (kFlagRelay, rack-level hierarchy): the rack's sum goes up to the part's
+// owner through the RackRelay instead of back to the pushers, who get the owner's answer.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include "server/compressed_sum.h"
 #include "server/param_store.h"
 #include "server/quorum.h"
+#include "server/rack_relay.h"
 #include "transport/payload.h"
 #include "transport/tcp.h"
 
@@ -52,6 +55,11 @@ class SumEngine {
   // Called for frames that fail checks: send kError to every worker's connection.
   using Broadcast = std::function<void(const FrameHeader&, const std::string&)>;
   void set_error_broadcast(Broadcast b) { broadcast_error_ = std::move(b); }
+  // Rack-level hierarchy: where relayed sums go up, and what ends the job when they cannot.
+  void set_relay(RackRelay* relay, std::function<void(const std::string&)> fatal) {
+    relay_ = relay;
+    fatal_ = std::move(fatal);
+  }
   uint64_t parts_summed() const { return parts_summed_ + compressed_.parts_summed(); }
   uint64_t late_pushes() const { return late_pushes_; }
   uint64_t async_updates() const { return async_updates_; }
@@ -76,6 +84,15 @@ class SumEngine {
     std::vector<std::shared_ptr<Connection>> reply_to;
     std::vector<bool> wants;  // by rank: the pusher wants the result (else an empty answer)
     std::string error;        // set once the part can no longer be summed
+    // Relayed parts: the owner's server id (kNotRelayed: summed here) and its pushers.
+    uint32_t owner = kNotRelayed;
+    uint64_t owner_pushers = 0;
+  };
+  static constexpr uint32_t kNotRelayed = 0xFFFFFFFFu;
+  // A rack sum sent up to its owner: who gets the owner's answer.
+  struct PendingRelay {
+    std::vector<std::shared_ptr<Connection>> reply_to;
+    uint32_t owner = 0;
   };
   void run();
   void handle(PushWork& w);
@@ -84,6 +101,9 @@ class SumEngine {
   // Quorum rounds: a push of a round that closed without it; answers it from history.
   void answer_late(PushWork& w);
   void refuse(const PushWork& w, const std::string& msg);
+  // Relayed parts: the rack's sum goes up; the owner's answer (or error) comes down.
+  void relay_up(KeyState& st, const FrameHeader& h);
+  void relay_down(PushWork& w);
 
   int index_;
   uint32_t num_workers_;
@@ -102,6 +122,9 @@ class SumEngine {
   std::atomic<uint64_t> late_pushes_{0};
   std::atomic<uint64_t> async_updates_{0};
   CompressedSum compressed_;  // compressed parts' rounds (docs/compression.md)
+  RackRelay* relay_ = nullptr;
+  std::function<void(const std::string&)> fatal_;
+  std::unordered_map<uint64_t, PendingRelay> relays_;
 };
 
 }  // namespace fastps

@@ -32,6 +32,15 @@ Server::~Server() { stop(); }
 int Server::start() {
   int port = 0;
   listen_fd_ = tcp_listen(opts_.host, opts_.port, &port);
+  relay_ = std::make_unique<RackRelay>(
+      opts_.server_id, opts_.job_id, opts_.token, opts_.handshake_timeout_s,
+      [this](const FrameHeader& h, Payload p) {
+        PushWork w;
+        w.hdr = h;
+        w.data = std::move(p);
+        engines_[(part_key(h.tensor, h.part) >> 7) % engines_.size()]->post(std::move(w));
+      },
+      [this](const std::string& m) { fatal(m); });
   for (int i = 0; i < opts_.engine_threads; ++i) {
     EngineRules rules;
     rules.quorum = opts_.round_quorum;
@@ -41,6 +50,7 @@ int Server::start() {
     engines_.push_back(std::make_unique<SumEngine>(i, opts_.num_workers, opts_.server_id, rules));
     engines_.back()->set_error_broadcast(
         [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });
+    engines_.back()->set_relay(relay_.get(), [this](const std::string& m) { fatal(m); });
     engines_.back()->start();
   }
   for (int i = 0; i < opts_.io_threads; ++i) {
@@ -56,6 +66,7 @@ void Server::stop() {
   if (stopping_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (relay_) relay_->stop();
   for (auto& l : loops_) l->stop();
   for (auto& e : engines_) e->stop();
   std::lock_guard<std::mutex> lock(mu_);
@@ -144,11 +155,17 @@ void Server::accept_loop() {
 void Server::admit(int fd, const Peer& peer) {
   std::string who = peer_name(fd);
   std::ostringstream desc;
-  desc << "worker " << peer.rank << " (" << who << ")";
+  bool relay = peer.conn_index & kRelayConnBit;
+  if (relay)
+    desc << "rack server " << (peer.conn_index & ~kRelayConnBit) << " (relaying as worker "
+         << peer.rank << ", " << who << ")";
+  else
+    desc << "worker " << peer.rank << " (" << who << ")";
   auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
+    // Pacing is per worker; a rack's relay carries that whole rack's sums.
+    if (!relay && peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
     conns_.push_back(conn);
   }
   loops_[next_loop_++ % loops_.size()]->add(conn);
@@ -161,8 +178,34 @@ void Server::set_pacing(std::vector<double> per_rank) {
   pacing_ = std::move(per_rank);
   for (auto& c : conns_) {
     uint32_t r = c->peer().rank;
+    if (c->peer().conn_index & kRelayConnBit) continue;
     set_pacing_rate(c->fd(), r < pacing_.size() ? pacing_[r] : 0.0);
   }
+}
+
+void Server::set_rack_route(std::vector<std::string> owners, std::vector<uint32_t> owner_ids,
+                            uint32_t rank, std::string rack) {
+  if (!relay_) throw std::logic_error("set_rack_route before start");
+  if (rank >= opts_.num_workers)
+    throw std::invalid_argument("rack route: relay rank " + std::to_string(rank) +
+                                " is not a rank of the job's " + std::to_string(opts_.num_workers) +
+                                " workers");
+  RackRoute route;
+  route.owners = std::move(owners);
+  route.owner_ids = std::move(owner_ids);
+  route.rank = rank;
+  route.rack = std::move(rack);
+  relay_->configure(std::move(route));
+}
+
+void Server::fatal(const std::string& msg) {
+  LOG_WARN("server " << opts_.server_id << ": " << msg);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = msg;
+  }
+  FrameHeader h{};
+  broadcast(MsgType::kFatal, h, msg);
 }
 
 Payload Server::resolve(uint32_t segment, uint64_t offset, uint64_t len) const {
@@ -245,10 +288,19 @@ void Server::broadcast(MsgType type, const FrameHeader& about, const std::string
   std::vector<std::shared_ptr<Connection>> targets;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // One connection per worker, and one per rack relay (it relays to its rack's workers).
     std::vector<bool> seen(opts_.num_workers, false);
+    std::vector<uint32_t> relays_seen;
     for (auto& c : conns_) {
-      if (c->closed() || seen[c->peer().rank]) continue;
-      seen[c->peer().rank] = true;
+      if (c->closed()) continue;
+      if (c->peer().conn_index & kRelayConnBit) {
+        uint32_t id = c->peer().conn_index;
+        if (std::find(relays_seen.begin(), relays_seen.end(), id) != relays_seen.end()) continue;
+        relays_seen.push_back(id);
+      } else {
+        if (seen[c->peer().rank]) continue;
+        seen[c->peer().rank] = true;
+      }
       targets.push_back(c);
     }
   }
@@ -276,13 +328,7 @@ void Server::on_close(Connection* c, bool clean, const std::string& reason) {
   if (clean || stopping_.load() || opts_.worker_may_reconnect) return;
   std::ostringstream os;
   os << c->desc() << " disconnected from server " << opts_.server_id << ": " << reason;
-  LOG_WARN(os.str());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.empty()) error_ = os.str();
-  }
-  FrameHeader h{};
-  broadcast(MsgType::kFatal, h, os.str());
+  fatal(os.str());
 }
 
 }  // namespace fastps

@@ -13,6 +13,7 @@
 #include "common/buffer_pool.h"
 #include "server/engine.h"
 #include "server/options.h"
+#include "server/rack_relay.h"
 #include "transport/payload.h"
 #include "transport/tcp.h"
 
@@ -34,6 +35,10 @@ class Server : public FrameHandler, public SlotSpace {
   // Caps the rate of the answers to each worker rank, bytes/s per rank (0:
   // unpaced); applies to open connections and to those accepted later.
   void set_pacing(std::vector<double> per_rank);
+  // Rack-level hierarchy (server/rack_relay.h): every server's address and id, and the
+  // worker rank this server's rack sums are pushed as. Set once, after start().
+  void set_rack_route(std::vector<std::string> owners, std::vector<uint32_t> owner_ids,
+                      uint32_t rank, std::string rack);
 
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
   void on_frame(Connection* c, const FrameHeader& h, void* payload) override;
@@ -47,6 +52,8 @@ class Server : public FrameHandler, public SlotSpace {
   void admit(int fd, const Peer& peer);
   void attach_shm(Connection* c, const FrameHeader& h);
   void broadcast(MsgType type, const FrameHeader& about, const std::string& msg);
+  // The job cannot go on: remember why and tell every connected worker.
+  void fatal(const std::string& msg);
   std::shared_ptr<Connection> find(Connection* c);
 
   ServerOptions opts_;
@@ -57,6 +64,7 @@ class Server : public FrameHandler, public SlotSpace {
   std::shared_ptr<BufferPool> pool_;
   std::vector<std::unique_ptr<EventLoop>> loops_;
   std::vector<std::unique_ptr<SumEngine>> engines_;
+  std::unique_ptr<RackRelay> relay_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Connection>> conns_;
   // Segments of colocated workers that asked for the shared-memory path, by rank.

@@ -19,8 +19,10 @@ bool Link::send(FrameHeader h, const Payload& p, std::function<void()> on_sent) 
     return conn_->send(h, nullptr, 0, std::move(on_sent));
   }
   h.flags &= static_cast<uint16_t>(~kFlagShm);
-  h.shm_segment = 0;
-  h.shm_offset = 0;
+  if (!(h.flags & kFlagRelay)) {  // a relayed push's shm fields carry its route (wire.h)
+    h.shm_segment = 0;
+    h.shm_offset = 0;
+  }
   if (!p.keep && !p.mapping) return conn_->send(h, p.data, p.len, std::move(on_sent));
   return conn_->send(h, p.data, p.len,
                      [keep = p.keep, mapping = p.mapping, cb = std::move(on_sent)] {

@@ -42,8 +42,13 @@ constexpr uint16_t kFlagAsyncInit = 32;
 // The payload is a compressed part (compression/part_codec.h): len counts the compressed
 // bytes; dtype and tensor_bytes still describe the tensor itself.
 constexpr uint16_t kFlagCompressed = 64;
+// Rack-level hierarchy (PHub §3.4, server/rack_relay.h): a push to this rack's server for a
+// part another rack's server owns. The rack server sums its rack's pushes and forwards one
+// copy to the owner; the shm fields carry the route instead of a slot (never both): the
+// owner's server id in shm_segment, the pushes the owner waits for in shm_offset.
+constexpr uint16_t kFlagRelay = 128;
 constexpr uint16_t kKnownFlags = kFlagShm | kFlagNoData | kFlagNoReply | kFlagQuorum | kFlagAsync |
-                                 kFlagAsyncInit | kFlagCompressed;
+                                 kFlagAsyncInit | kFlagCompressed | kFlagRelay;
 
 // Naturally aligned (every field at a multiple of its size), so no packing is needed and
 // the header can live inside other structs without misaligned loads.

@@ -26,6 +26,25 @@ void check_options(const WorkerOptions& o) {
   if (o.shm && o.shm_bytes == 0) bad("shm_bytes", "0", "must be > 0 when shm is on");
   for (double r : o.pacing_bytes_per_s)
     if (!(r >= 0)) bad("pacing_bytes_per_s", std::to_string(r), "rates must be >= 0");
+  if (o.relay_via.empty() && o.owner_pushers.empty()) return;
+  size_t n = o.servers.size();
+  if (o.relay_via.size() != n || o.owner_pushers.size() != n)
+    bad("relay_via", std::to_string(o.relay_via.size()) + " entries",
+        ("(and owner_pushers, " + std::to_string(o.owner_pushers.size()) +
+         ") must have one per server (" + std::to_string(n) + ")")
+            .c_str());
+  bool relays = false;
+  for (size_t s = 0; s < n; ++s) {
+    if (o.relay_via[s] >= n)
+      bad("relay_via", std::to_string(o.relay_via[s]), "is not a server index");
+    if (o.owner_pushers[s] == 0 || o.owner_pushers[s] > o.num_workers)
+      bad("owner_pushers", std::to_string(o.owner_pushers[s]),
+          ("must be in 1..num_workers (" + std::to_string(o.num_workers) + ")").c_str());
+    relays = relays || o.relay_via[s] != s;
+  }
+  if (relays && (o.rack_pushers == 0 || o.rack_pushers > o.num_workers))
+    bad("rack_pushers", std::to_string(o.rack_pushers),
+        ("must be in 1..num_workers (" + std::to_string(o.num_workers) + ") with relays").c_str());
 }
 
 }  // namespace fastps

@@ -44,6 +44,14 @@ struct WorkerOptions {
   // FASTPS_ROUND_QUORUM is set: plain sums are pushed as quorum rounds (docs/async.md).
   bool quorum = false;
   size_t shm_bytes = 0;
+  // Rack-level hierarchy (server/rack_relay.h, core/placement.py rack_plan), per server
+  // id (empty: flat): the server that this worker's pushes of that server's parts go to
+  // (itself when it is in this worker's rack, else this rack's relay for it), and how
+  // many pushes the owner waits for per part (the pushers of its rack plus one per other
+  // rack). rack_pushers: the pushes per part a relay in this rack waits for.
+  std::vector<uint32_t> relay_via;
+  std::vector<uint32_t> owner_pushers;
+  uint32_t rack_pushers = 0;
 };
 
 // Throws std::invalid_argument naming the first field that is unset or out of range.

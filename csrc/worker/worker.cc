@@ -390,6 +390,13 @@ void Worker::send_part(PartTask t) {
     send_compressed(t, link);
     return;
   }
+  // Rack-level hierarchy: the part goes to this rack's relay for its owner, as bytes (a
+  // relayed push names its route where a slot reference would be).
+  bool relayed = !opts_.relay_via.empty() && opts_.relay_via[server] != server;
+  if (relayed) {
+    send_relayed(t);
+    return;
+  }
   if (link.peer_maps_slots() && t.stage.empty() && len > 0) {
     // One worker here: copy the part into this worker's segment (the only copy
     // on the way in); the server sums it where it lies and answers in place.
@@ -403,7 +410,7 @@ void Worker::send_part(PartTask t) {
   }
   Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len) : t.stage;
   FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.pushers = pushers_;
+  hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
   if (opts_.quorum) hdr.flags |= kFlagQuorum;
   (link.by_slot(p) ? stats_.pushed_shm : stats_.pushed_socket)++;
   trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
@@ -412,6 +419,32 @@ void Worker::send_part(PartTask t) {
         scheduler_.written(server, len);
       }))
     abort("lost connection to " + link.desc());
+}
+
+void Worker::send_relayed(const PartTask& t) {
+  const Handle& h = *t.handle;
+  uint32_t owner = t.span.server;
+  uint32_t via = opts_.relay_via[owner];
+  size_t len = t.span.len;
+  auto& per_server = links_[via];
+  const Link& link = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
+  // A local owner's sum lies in its stage until the answer; the bytes go from there.
+  Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len)
+                              : Payload::memory(t.stage.data, len);
+  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
+  hdr.flags = kFlagRelay;
+  hdr.pushers = opts_.rack_pushers;
+  hdr.shm_segment = owner;
+  hdr.shm_offset = opts_.owner_pushers[owner];
+  stats_.pushed_socket++;
+  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, via, len);
+  // Credits stay the owner's: the relay's answer stands for the owner's.
+  if (!link.send(hdr, p, [this, owner, via, len, tensor = hdr.tensor, part = hdr.part] {
+        trace::mark(trace::Mark::kWritten, tensor, part, via, len);
+        scheduler_.written(owner, len);
+      }))
+    abort("lost connection to " + link.desc() + " (this rack's relay for server " +
+          std::to_string(owner) + ")");
 }
 
 void Worker::check_routing(const PushPullRequest& r) const {

@@ -115,6 +115,8 @@ class Worker : public FrameHandler {
   void send_part(PartTask t);
   void check_routing(const PushPullRequest& r) const;
   void send_routed(const PartTask& t, const Link& link);
+  // Rack-level hierarchy: a plain sum to this rack's relay for the part's owner.
+  void send_relayed(const PartTask& t);
   void send_compressed(const PartTask& t, const Link& link);
   // Decodes a compressed answer into the part's output; false (and the job aborts,
   // naming the server) if it is not a valid encoding of the part.

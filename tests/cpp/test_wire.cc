@@ -90,7 +90,7 @@ TEST(Wire, RoutedPushesAreCheckedBeforeUse) {
   EXPECT_TRUE(check_server_frame(h, 1, 4, &why)) << why;
   for (uint16_t flags :
        {uint16_t(kFlagNoData | kFlagNoReply), uint16_t(kFlagNoData | kFlagShm),
-        uint16_t(kFlagNoReply | kFlagShm), uint16_t(128), uint16_t(kFlagCompressed | kFlagNoData),
+        uint16_t(kFlagNoReply | kFlagShm), uint16_t(256), uint16_t(kFlagCompressed | kFlagNoData),
         uint16_t(kFlagCompressed | kFlagShm)}) {
     h.flags = flags;
     why.clear();
@@ -101,6 +101,34 @@ TEST(Wire, RoutedPushesAreCheckedBeforeUse) {
   h.type = static_cast<uint8_t>(MsgType::kResult);
   EXPECT_FALSE(check_frame_header(h, &why));
   EXPECT_NE(why.find("other than a push"), std::string::npos) << why;
+}
+
+TEST(Wire, RelayedPushesAreCheckedBeforeUse) {
+  FrameHeader h = sample();
+  h.sender = 1;
+  h.flags = kFlagRelay;
+  h.shm_segment = 3;  // the owner's server id: not a rank, so not checked against them
+  h.shm_offset = 2;   // pushes the owner waits for
+  std::string why;
+  EXPECT_TRUE(check_server_frame(h, 1, 4, &why)) << why;
+  EXPECT_EQ(payload_bytes(h), 4096u);  // relayed parts travel as bytes
+  for (uint64_t bad_count : {0ull, 5ull}) {
+    h.shm_offset = bad_count;
+    why.clear();
+    EXPECT_FALSE(check_server_frame(h, 1, 4, &why));
+    EXPECT_NE(why.find("shm_offset"), std::string::npos) << why;
+  }
+  h.shm_offset = 2;
+  for (uint16_t other : {kFlagShm, kFlagNoData, kFlagQuorum, kFlagCompressed, kFlagAsync}) {
+    h.flags = kFlagRelay | other;
+    why.clear();
+    EXPECT_FALSE(check_frame_header(h, &why)) << "flags " << h.flags;
+    EXPECT_NE(why.find("relayed"), std::string::npos) << why;
+  }
+  h.flags = kFlagRelay;
+  h.type = static_cast<uint8_t>(MsgType::kResult);
+  EXPECT_FALSE(check_frame_header(h, &why));
+  EXPECT_NE(why.find("other than a push as relayed"), std::string::npos) << why;
 }
 
 TEST(Wire, PartKeyIsStableAndSeparatesParts) {

@@ -1,0 +1,112 @@
+"""Rack-level hierarchy (PHub §3.4): workers on several racks (FASTPS_RACK) push each part
+to a server in their rack, which sums the rack's pushes and relays one copy to the part's
+owner; the owner answers once per rack and the relay fans the answer out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from jobs import WORKERS, Job
+
+RACK_WORKER = os.path.join(WORKERS, "rack_worker.py")
+
+# name -> (FASTPS_SHM, worker hosts, worker racks, server hosts, server racks)
+LAYOUTS = {
+    # Two racks of two workers, one server beside each worker, every push over TCP.
+    "tcp": (
+        "0",
+        ["h0", "h1", "h2", "h3"],
+        ["a", "a", "b", "b"],
+        ["h0", "h1", "h2", "h3"],
+        ["a", "a", "b", "b"],
+    ),
+    # Local reduce first: h0's two workers push each part once, into their rack's server.
+    "local": (
+        "1",
+        ["h0", "h0", "h1", "h2"],
+        ["a", "a", "b", "b"],
+        ["h0", "h1", "h2"],
+        ["a", "b", "b"],
+    ),
+    # Three racks, one without a server: its worker pushes straight to the owners, which
+    # wait for it besides one relay per other rack; racks with unequal server counts.
+    "serverless": (
+        "0",
+        ["h0", "h1", "h2", "h3"],
+        ["a", "a", "b", "c"],
+        ["h0", "h1", "h2"],
+        ["a", "a", "b"],
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_hierarchical_sums_are_exact(layout: str) -> None:
+    shm, whosts, wracks, shosts, sracks = LAYOUTS[layout]
+    with Job(
+        len(whosts),
+        len(shosts),
+        [RACK_WORKER, "sum"],
+        env={"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "64K", "FASTPS_LOG_LEVEL": "info"},
+        worker_hosts=whosts,
+        server_hosts=shosts,
+        worker_racks=wracks,
+        server_racks=sracks,
+    ) as job:
+        job.wait(180)
+        for p in job.procs:
+            assert p.popen.returncode == 0, job.dump()
+        for w in job.workers():
+            assert "RACK-OK" in w.output, job.dump()
+        # Every rack with a server relayed through it, as the lowest rank of its rack.
+        relay_ranks = {"a": 0, "b": 2}
+        for s, rack in enumerate(sracks):
+            out = job.proc("server", s).output
+            assert (
+                f"rack '{rack}' relays to {len(shosts)} owners as worker {relay_ranks[rack]}"
+                in (out.replace('"', "'"))
+            ), job.dump()
+
+
+def test_a_process_without_a_rack_is_refused_by_name() -> None:
+    with Job(
+        2,
+        2,
+        [RACK_WORKER, "sum"],
+        env={"FASTPS_SHM": "0"},
+        worker_racks=["a", ""],
+        server_racks=["a", "b"],
+    ) as job:
+        job.wait(90)
+        assert any(w.popen.returncode != 0 for w in job.workers()), job.dump()
+        assert "worker 1 names no rack (FASTPS_RACK) while others do" in job.dump()
+
+
+def test_killed_rack_server_is_reported_by_name() -> None:
+    with Job(
+        4,
+        2,
+        [RACK_WORKER, "until-abort"],
+        env={"FASTPS_SHM": "0", "FASTPS_PARTITION_BYTES": "64K"},
+        worker_hosts=["h0", "h1", "h2", "h3"],
+        server_hosts=["h0", "h2"],
+        worker_racks=["a", "a", "b", "b"],
+        server_racks=["a", "b"],
+        heartbeat_timeout=3.0,
+    ) as job:
+        deadline = time.monotonic() + 120
+        while not all("READY" in w.output for w in job.workers()):
+            assert time.monotonic() < deadline, job.dump()
+            assert all(p.exited_at is None for p in job.procs), job.dump()
+            time.sleep(0.05)
+        # Server 1 is rack b's relay for server 0's parts and the owner of its own.
+        os.killpg(job.proc("server", 1).popen.pid, signal.SIGKILL)
+        job.wait(60, job.workers())
+        for w in job.workers():
+            assert w.popen.returncode != 0, job.dump()
+            assert "ABORTED" in w.output and "server 1" in w.output, job.dump()
+        # The owner saw rack b's relay go and named it.
+        assert "rack server 1 (relaying as worker 2" in job.proc("server", 0).output, job.dump()
