@@ -139,7 +139,15 @@ def _launcher(members, failed, spares, max_np=3):
     )
     for seq, sid in enumerate([*members, *spares]):
         state = "failed" if sid in failed else "running"
-        launcher.slots[sid] = _Slot(sid, "localhost", seq, None, state, True, sid in spares)  # type: ignore[arg-type]
+        launcher.slots[sid] = _Slot(
+            sid,
+            "localhost",
+            seq,
+            None,
+            state=state,
+            ready=True,
+            spare=sid in spares,  # type: ignore[arg-type]
+        )
     launcher.members = list(members)
     launcher.waiting = {sid: 0.0 for sid in members if sid not in failed}
     launcher.waiting.update({sid: 0.0 for sid in spares})
