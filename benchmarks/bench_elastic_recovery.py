@@ -10,7 +10,19 @@ flight). Reports per run, from the processes' own clocks:
 - ``kill->step``: SIGKILL → rank 0 finished its next training step in the smaller world
   (abort, restore, shutdown, rendezvous, new core, sync from rank 0, one step).
 
+``--spare``: one more slot and ``--spare-hosts 1``: a waiting spare takes the dead
+worker's rank, the world keeps its size. The benchmark then SIGKILLs the worker itself,
+once fastpsrun said the spare is ready and rank 0 made a step after that (so the spare's
+own start-up is not measured); ``kill->step`` runs from that SIGKILL.
+``--elastic-servers``: FASTPS_ELASTIC_SERVERS=1 (the workers' rerouting data plane).
+``--kill-server``: with elastic servers, rank 0 SIGKILLs the generation's server 0
+instead (of ``--servers``; no rollback, no new generation): ``kill->step`` is then the
+server loss's recovery, ``detect+form`` is not reported.
+
     python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5
+    python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --spare
+    python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --elastic-servers
+    python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --kill-server --servers 2
 """
 
 from __future__ import annotations
@@ -18,45 +30,94 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "tests", "elastic", "train_elastic.py")
 
 
-def one_run(workers: int, kill_step: int, steps: int) -> tuple:
+def one_run(workers: int, kill_step: int, steps: int, args: argparse.Namespace) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
         env.update(
             STEPS=str(steps),
             STEP_SLEEP="0.1",
-            FAIL_AT=f"localhost:{workers - 1}@{kill_step}@backward",
             RESULT=os.path.join(tmp, "r.json"),
             PYTHONUNBUFFERED="1",
+            TMPDIR=tmp,
         )
+        if args.kill_server:
+            env["KILL_SERVER_AT"] = str(kill_step)
+        else:
+            env["FAIL_AT"] = f"localhost:{workers - 1}@{kill_step}@backward"
+        if args.elastic_servers or args.kill_server:
+            env["FASTPS_ELASTIC_SERVERS"] = "1"
+        slots = workers + (1 if args.spare else 0)
         cmd = [
             sys.executable, "-m", "fastps.launcher",
-            "--min-np", "1", "--max-np", str(workers),
-            "--host-discovery-script", f"echo localhost:{workers}",
-            "--elastic-timeout", "60",
-            sys.executable, TRAIN,
+            "-np", str(workers), "--min-np", "1", "--max-np", str(workers),
+            "--host-discovery-script", f"echo localhost:{slots}",
+            "--elastic-timeout", "60", "--num-servers", str(args.servers),
         ]  # fmt: skip
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    formed = re.search(r"generation 1: .* ([\d.]+) s after the failure", proc.stderr)
-    kill = re.search(r"KILL \S+ step=\d+ where=\w+ t=([\d.]+)", proc.stdout)
+        if args.spare:
+            cmd += ["--spare-hosts", "1"]
+            env.pop("FAIL_AT")
+            env["STEPS"] = "5000"  # the benchmark kills a worker, then stops the job
+            stdout, stderr = _spare_run(cmd[3:] + [sys.executable, TRAIN], env, workers)
+        else:
+            cmd += [sys.executable, TRAIN]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            if proc.returncode != 0:
+                raise SystemExit(f"run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+            stdout, stderr = proc.stdout, proc.stderr
+    return _parse(stdout, stderr, args)
+
+
+def _spare_run(args: list, env: dict, workers: int) -> tuple:
+    """Kills the last slot's worker once the spare is ready; returns the job's output
+    (stdout-like: the kill and rank 0's steps; stderr-like: everything) once the new
+    generation, of the same size, made two steps."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "elastic"))
+    from live_job import LiveJob
+
+    job = LiveJob(args, env)
+    try:
+        victim = job.worker_pid(f"localhost:{workers - 1}")
+        job.wait_for(r"spare worker on slot \S+ is ready", 240)
+        job.wait_for(r"STEP \d+ size", 60, start=job.mark())
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        at = job.mark()
+        job.wait_for(r"generation 1: ", 120, start=at)
+        job.wait_for(rf"STEP \d+ size={workers} ", 120, start=job.mark())
+        job.wait_for(rf"STEP \d+ size={workers} ", 120, start=job.mark())
+    finally:
+        job.stop()
+    lines = job.output.splitlines()
+    stdout = f"KILL localhost:{workers - 1} step=0 where=outside t={killed:.3f}\n"
+    stdout += "\n".join(x for x in lines if "STEP" in x)
+    return stdout, "\n".join(lines)
+
+
+def _parse(stdout: str, stderr: str, args: argparse.Namespace) -> tuple:
+    kill = re.search(r"KILL \S+ .*step=\d+.* t=([\d.]+)", stdout)
+    formed = re.search(r"generation 1: .* ([\d.]+) s after the failure", stderr)
+    if args.kill_server and "generation 1" in stderr:
+        raise SystemExit(f"a server's loss formed a new generation:\n{stderr[-3000:]}")
     after = [
         float(m.group(1))
-        for m in re.finditer(r"STEP \d+ size=\d+ t=([\d.]+)", proc.stdout)
+        for m in re.finditer(r"STEP \d+ size=\d+ t=([\d.]+)", stdout)
         if kill and float(m.group(1)) > float(kill.group(1))
     ]
-    if not (formed and kill and after):
-        raise SystemExit(f"could not parse the run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return float(formed.group(1)), min(after) - float(kill.group(1))
+    if not (kill and after and (formed or args.kill_server)):
+        raise SystemExit(f"could not parse the run:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    form = float(formed.group(1)) if formed else float("nan")
+    return form, min(after) - float(kill.group(1))
 
 
 def main() -> None:
@@ -65,16 +126,27 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--kill-step", type=int, default=8)
     ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--spare", action="store_true", help="--spare-hosts 1 (one more slot)")
+    ap.add_argument("--elastic-servers", action="store_true", help="FASTPS_ELASTIC_SERVERS=1")
+    ap.add_argument("--kill-server", action="store_true", help="kill server 0, not a worker")
     args = ap.parse_args()
+    if args.kill_server and args.servers < 2:
+        ap.error("--kill-server needs --servers 2 or more (the last server cannot go)")
     forms, recs = [], []
     for i in range(args.runs):
-        form, rec = one_run(args.workers, args.kill_step, args.steps)
+        form, rec = one_run(args.workers, args.kill_step, args.steps, args)
         forms.append(form)
         recs.append(rec)
         print(f"run {i}: detect+form {form:.2f} s, kill->step {rec:.2f} s", flush=True)
+    after = args.workers if args.spare or args.kill_server else args.workers - 1
+    form_text = (
+        ""
+        if args.kill_server
+        else f"detect+form median {statistics.median(forms):.2f} s (max {max(forms):.2f}), "
+    )
     print(
-        f"{args.workers} -> {args.workers - 1} workers, {args.runs} runs: "
-        f"detect+form median {statistics.median(forms):.2f} s (max {max(forms):.2f}), "
+        f"{args.workers} -> {after} workers, {args.runs} runs: {form_text}"
         f"kill->step median {statistics.median(recs):.2f} s (max {max(recs):.2f})"
     )
 

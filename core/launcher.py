@@ -358,9 +358,10 @@ class Launcher:
         for rank in range(self.num_workers):
             self._spawn("worker", rank, self.command, addr)
 
-    def _write_server_env(self, addr: str) -> None:
+    def _write_server_env(self, addr: str, announce: bool = True) -> None:
         """With elastic servers: the settings a server started by hand needs to join this
-        job, in a file only this user can read (it holds the job's token)."""
+        job, in a file only this user can read (it holds the job's token). An elastic job
+        rewrites it for each generation (``announce`` only the first time)."""
         env = self._child_env("server", 0, addr)
         keep = ["FASTPS_ROLE", "FASTPS_SCHEDULER_ADDR", "FASTPS_JOB_ID", "FASTPS_TOKEN"]
         keep += ["FASTPS_NUM_WORKERS", "FASTPS_NUM_SERVERS", "FASTPS_TIMEOUT"]
@@ -371,6 +372,8 @@ class Launcher:
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(lines) + "\n")
         self._server_env_path = path
+        if not announce:
+            return
         say(
             f"elastic servers: add one with `. {path}; FASTPS_SERVER_ID=<new id> "
             "python -m fastps.server`; remove one by killing its process"

@@ -258,6 +258,13 @@ class Scheduler:
         """Waits until the scheduler stopped serving; True if it did."""
         return self._done.wait(timeout)
 
+    def server_count(self) -> Optional[int]:
+        """The servers in the job now (with elastic servers: after deaths and joins), or
+        None while the membership has not gone out (servers still starting)."""
+        if not self._membership_sent:
+            return None
+        return len(self._servers)
+
     def stop(self) -> None:
         """Stops serving soon and closes every connection (nodes then see a lost scheduler)."""
         self._call_soon(self._request_stop)

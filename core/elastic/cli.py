@@ -17,6 +17,7 @@ ELASTIC_KEYS = (
     "reset_limit",
     "blacklist_cooldown_range",
     "blacklist",
+    "spare_hosts",
 )
 
 
@@ -70,6 +71,14 @@ def elastic_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Elastic mode: what a failed worker takes out of the job: its slot (the "
             "host's other workers go on) or, as Horovod, its whole host [default: slot].",
         ),
+        click.option(
+            "--spare-hosts",
+            type=click.IntRange(min=0),
+            default=None,
+            metavar="N",
+            help="Elastic mode: keep N more workers started and waiting on discovered "
+            "slots; one takes a failed worker's rank at once [default: 0].",
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -103,11 +112,6 @@ def elastic_launcher_from_cli(
             + ", ".join(f"--{k.replace('_', '-')}" for k in used)
         )
     env = launcher_kwargs.get("env") or os.environ
-    if str(env.get("FASTPS_ELASTIC_SERVERS", "0")).strip().lower() in ("1", "true", "yes", "on"):
-        raise FastPSError(
-            "FASTPS_ELASTIC_SERVERS=1 cannot be combined with --host-discovery-script yet: each "
-            "generation of an elastic job starts its own servers (docs/elastic.md)"
-        )
     from .driver import DEFAULT_ELASTIC_TIMEOUT, ElasticLauncher, discovery_interval
 
     min_np = opts.get("min_np") or num_workers or 1
@@ -130,5 +134,6 @@ def elastic_launcher_from_cli(
         discovery_interval=discovery_interval(env),
         defer_join=str(env.get("FASTPS_ELASTIC_DEFER_JOIN", "0")).strip().lower()
         in ("1", "true", "yes", "on"),
+        spares=opts.get("spare_hosts") or 0,
         **launcher_kwargs,
     )

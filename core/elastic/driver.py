@@ -16,7 +16,13 @@ The job is a sequence of generations (``rendezvous.py``). The driver
   requests, ``notifications.py``) as soon as that happens;
 - fails the job with a clear message when fewer than ``--min-np`` workers are alive, or
   a rendezvous is incomplete, for longer than ``--elastic-timeout``, or when the world
-  would change more than ``--reset-limit`` times.
+  would change more than ``--reset-limit`` times;
+- keeps ``--spare-hosts`` workers started and waiting (imports done, model built): when a
+  worker fails, the next generation gives a spare the failed worker's rank (rank 0 excepted:
+  it must be a survivor, which holds the committed state), so the world keeps its size;
+- with ``FASTPS_ELASTIC_SERVERS=1``, starts each generation's scheduler with elastic
+  servers (a server that dies or joins changes the servers without ending the generation)
+  and gives the next generation as many servers as the last one had at its end.
 
 A worker that dies does not stop the job: its generation's scheduler aborts that generation
 (every survivor's pending operation fails), and the survivors come back for the next one.
@@ -45,6 +51,7 @@ from . import discovery, wire
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
 DISCOVERY_INTERVAL = 1.0
 MIN_DISCOVERY_INTERVAL = 0.05  # the script is a process start: do not spin the CPU on it
+SPARE_STANDBY = 5.0  # a spare's rendezvous request is answered "ask again" this often
 REQUEST_READ_TIMEOUT = 10.0  # a client must send its request this soon after connecting
 WATCH_WAIT = 20.0  # a watch request is answered at the latest after this long
 RESET_LIMIT_MESSAGE = "number of resets exceeded --reset-limit {limit}"
@@ -117,6 +124,7 @@ class _Slot:
     state: str = "running"  # running | stopping (host removed) | done | failed | removed
     ready: bool = False  # asked for a generation at least once
     announced: bool = False  # its arrival was counted as a host update
+    spare: bool = False  # started to replace a failed worker, not in any generation yet
 
     @property
     def running(self) -> bool:
@@ -141,6 +149,7 @@ class ElasticLauncher(Launcher):
         cooldown_range: Optional[Tuple[float, float]] = None,
         blacklist_scope: str = "slot",
         defer_join: bool = False,
+        spares: int = 0,
         **kwargs: Any,
     ) -> None:
         if min_np < 1:
@@ -149,6 +158,8 @@ class ElasticLauncher(Launcher):
             raise FastPSError(f"--max-np {max_np} is below --min-np {min_np}")
         if num_workers is not None and not min_np <= num_workers <= max_np:
             raise FastPSError(f"-np {num_workers} is outside --min-np {min_np}..--max-np {max_np}")
+        if spares < 0:
+            raise FastPSError(f"--spare-hosts must be >= 0, got {spares}")
         if not elastic_timeout > 0:
             raise FastPSError(f"--elastic-timeout must be > 0, got {elastic_timeout}")
         if blacklist_scope not in ("slot", "host"):
@@ -167,6 +178,8 @@ class ElasticLauncher(Launcher):
         self.reset_limit = reset_limit
         self.blacklist_scope = blacklist_scope
         self.defer_join = defer_join  # new workers interrupt once they can join, not at start
+        self.spares = spares
+        self.gen_num_servers = num_servers  # servers the next generation starts
         self.blacklist = _Blacklist(cooldown_range)
         self.local_names = _local_names()
         self.cond = threading.Condition()
@@ -217,7 +230,7 @@ class ElasticLauncher(Launcher):
     _next_env: Dict[str, str] = {}
     _drop_env: Sequence[str] = ()
 
-    def _start_worker(self, slot_id: str, host: str, announce: bool) -> None:
+    def _start_worker(self, slot_id: str, host: str, announce: bool, spare: bool = False) -> None:
         """Starts a worker on ``slot_id``. ``announce``: its arrival is a host update now
         (Horovod: the next commit interrupts and the rendezvous waits for it); otherwise
         once it asks to join (a host back from the blacklist first shows it can start)."""
@@ -233,10 +246,13 @@ class ElasticLauncher(Launcher):
         }
         drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
         child = self._spawn_with("worker", seq, self.command, "", extra, drop)
-        self.slots[slot_id] = _Slot(slot_id, host, seq, child, announced=announce)
+        # A spare is never a host update: it joins only in a failed worker's place.
+        announce = announce and not spare
+        self.slots[slot_id] = _Slot(slot_id, host, seq, child, announced=announce, spare=spare)
         if announce:
             self._host_update(added=True)
-        say(f"worker {seq} started on slot {slot_id} (pid {child.pid})")
+        kind = "spare worker" if spare else "worker"
+        say(f"{kind} {seq} started on slot {slot_id} (pid {child.pid})")
 
     _next_seq = 0
 
@@ -327,6 +343,9 @@ class ElasticLauncher(Launcher):
                 s.state = "done"
                 if s.id in self.members:
                     self.finishing = True
+            elif s.spare:
+                s.state = "failed"  # not in any generation: nobody's operations fail
+                say(f"spare worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
             else:
                 s.state = "failed"
                 self._host_update(added=False)
@@ -373,13 +392,17 @@ class ElasticLauncher(Launcher):
         for s in self.slots.values():
             if s.state == "running" and s.id not in hostof:
                 s.state = "stopping"
-                self._host_update(added=False)
+                if not s.spare:
+                    self._host_update(added=False)
                 say(f"slot {s.id} left the discovery output: stopping its worker")
                 _signal_group(s.child.pid, signal.SIGTERM)
-        alive = sum(1 for s in self.slots.values() if s.running)
+        alive = sum(1 for s in self.slots.values() if s.running and not s.spare)
+        spares = sum(1 for s in self.slots.values() if s.running and s.spare)
+        # Spares about to take the places of failed members count as workers already.
+        holes = sum(1 for sid in self.members if not self.slots[sid].running)
         now = time.monotonic()
         for slot_id in offered:
-            if alive >= limit:
+            if alive + min(spares, holes) >= limit and spares >= self.spares:
                 break
             old = self.slots.get(slot_id)
             if old is not None and old.state in ("running", "stopping", "done"):
@@ -392,13 +415,18 @@ class ElasticLauncher(Launcher):
             if resurrected and old is not None and old.state == "failed":
                 say(f"slot {slot_id}: its blacklist cooldown ended, starting a worker again")
             announce = self.generation >= 0 and not resurrected and not self.defer_join
-            self._start_worker(slot_id, host, announce=announce)
-            alive += 1
+            if alive + min(spares, holes) < limit:
+                self._start_worker(slot_id, host, announce=announce)
+                alive += 1
+            else:
+                self._start_worker(slot_id, host, announce=False, spare=True)
+                spares += 1
 
     # ------------------------------------------------------------ generations
     def _maybe_form(self, now: float) -> None:
-        alive = [s for s in self.slots.values() if s.state == "running"]
-        if len(alive) < self.min_np and not self.finishing:
+        alive = [s for s in self.slots.values() if s.state == "running" and not s.spare]
+        ready_spares = self._ready_spares() if self.members else []
+        if len(alive) + len(ready_spares) < self.min_np and not self.finishing:
             if self.below_min_since is None:
                 self.below_min_since = now
             elif now - self.below_min_since > self.elastic_timeout:
@@ -408,22 +436,66 @@ class ElasticLauncher(Launcher):
                 )
             return
         self.below_min_since = None
-        if not self.waiting or self.finishing:
+        # Spares wait all the time: they neither start a generation nor time one out.
+        asking = [t for sid, t in self.waiting.items() if not self.slots[sid].spare]
+        if not asking or self.finishing:
             return
         missing = [s for s in alive if s.id not in self.waiting]
         if not missing:
             self._form(alive)
             return
-        if now - min(self.waiting.values()) > self.rendezvous_timeout:
+        if now - min(asking) > self.rendezvous_timeout:
             self.error = (
                 f"rendezvous incomplete after {self.rendezvous_timeout:g} s (the longer of "
                 f"--elastic-timeout and --timeout): workers on slots "
                 f"{', '.join(s.id for s in missing)} did not come"
             )
 
+    def _ready_spares(self) -> List[_Slot]:
+        """Spares that asked for a generation (their start-up is done), oldest first."""
+        out = [s for s in self.slots.values() if s.state == "running" and s.spare]
+        return sorted((s for s in out if s.id in self.waiting), key=lambda s: s.seq)
+
+    def _seat(self, alive: List[_Slot]) -> List[_Slot]:
+        """The next generation's workers in rank order: survivors keep their relative order,
+        a ready spare takes the rank of a failed (or removed) worker, newcomers come last.
+        Rank 0 is never a spare's (``sync()`` broadcasts from rank 0, which must hold the
+        committed state): a spare replacing rank 0 comes after the survivors."""
+        seats: List[Optional[_Slot]] = []
+        for sid in self.members:
+            member = self.slots[sid]
+            seats.append(member if member.state == "running" else None)
+        spares = self._ready_spares() if self.members else []
+        room = self.max_np - len(alive)
+        late: List[_Slot] = []
+        for i, seat in enumerate(seats):
+            if seat is not None or not spares or room <= 0:
+                continue
+            spare = spares.pop(0)
+            room -= 1
+            say(f"spare worker on slot {spare.id} replaces the worker on slot {self.members[i]}")
+            if i > 0 and seats[0] is not None:
+                seats[i] = spare
+            else:
+                late.append(spare)
+        order = [x for x in seats if x is not None] + late
+        for x in order:
+            x.spare = False
+        known = {x.id for x in order}
+        order += sorted((x for x in alive if x.id not in known), key=lambda x: x.seq)
+        return order
+
+    def _server_count(self) -> int:
+        """Servers for the next generation: with elastic servers, as many as the current
+        one has now (a server that died is not replaced, one that joined counts)."""
+        if self.config.elastic_servers and self.scheduler is not None:
+            now = self.scheduler.server_count()
+            if now is not None:
+                self.gen_num_servers = max(1, now)
+        return self.gen_num_servers
+
     def _form(self, alive: List[_Slot]) -> None:
-        prev = {sid: r for r, sid in enumerate(self.members)}
-        order = sorted(alive, key=lambda s: (0, prev[s.id]) if s.id in prev else (1, s.seq))
+        order = self._seat(alive)
         g = self.generation + 1
         if self.reset_limit is not None and g > self.reset_limit:
             # Horovod's --reset-limit: generation g is the g-th reset of the world.
@@ -431,11 +503,13 @@ class ElasticLauncher(Launcher):
                 limit=self.reset_limit
             )
             return
+        num_servers = self._server_count()
         self._stop_generation()
         job = f"{self.job_id}-g{g}"
+        elastic_servers = self.config.elastic_servers
         sched = Scheduler(
             num_workers=len(order),
-            num_servers=self.num_servers,
+            num_servers=num_servers,
             job_id=job,
             token=self.token,
             host=self.host_addr,
@@ -443,17 +517,29 @@ class ElasticLauncher(Launcher):
             timeout=self.timeout,
             heartbeat_timeout=self.config.heartbeat_timeout,
             auth_timeout=self.config.handshake_timeout,
+            elastic_servers=elastic_servers,
         )
         sched.on_abort = lambda reason, g=g: say(f"generation {g} ends: {reason}")
         sched.start()
         self.scheduler = sched
         self.schedulers.append(sched)
-        extra = {"FASTPS_JOB_ID": job, "FASTPS_NUM_WORKERS": str(len(order))}
+        extra = {
+            "FASTPS_JOB_ID": job,
+            "FASTPS_NUM_WORKERS": str(len(order)),
+            "FASTPS_NUM_SERVERS": str(num_servers),
+        }
+        if elastic_servers:
+            # A server started by hand joins the generation running when it starts.
+            self._next_env = extra
+            try:
+                self._write_server_env(sched.address_text, announce=g == 0)
+            finally:
+                self._next_env = {}
         self.gen_servers = [
             self._spawn_with(
                 "server", sid, [self._python(), "-m", "fastps.server"], sched.address_text, extra
             )
-            for sid in range(self.num_servers)
+            for sid in range(num_servers)
         ]
         hosts: List[str] = []
         for s in order:
@@ -473,17 +559,20 @@ class ElasticLauncher(Launcher):
                 "cross_size": len(hosts),
                 "scheduler": sched.address_text,
                 "job_id": job,
-                "num_servers": self.num_servers,
+                "num_servers": num_servers,
             }
         self.generation = g
         self.members = [s.id for s in order]
         self.gen_epoch = self.epoch
-        self.waiting.clear()
+        # Spares not seated keep waiting for the next failure.
+        self.waiting = {k: t for k, t in self.waiting.items() if self.slots[k].spare}
         after = ""
         if self.failure_at is not None:
             after = f", {time.monotonic() - self.failure_at:.2f} s after the failure"
             self.failure_at = None
         say(f"generation {g}: {len(order)} workers ({', '.join(self.members)}){after}")
+        pids = ", ".join(f"{c.index} (pid {c.pid})" for c in self.gen_servers)
+        say(f"generation {g}: servers {pids}")
         self.cond.notify_all()
 
     @staticmethod
@@ -611,15 +700,20 @@ class ElasticLauncher(Launcher):
             self.waiting.setdefault(slot_id, time.monotonic())
             if not slot.ready:
                 slot.ready = True
-                if not slot.announced:
+                if slot.spare:
+                    say(f"spare worker on slot {slot_id} is ready")
+                elif not slot.announced:
                     # A worker not announced when it started (the first ones, or one on a
                     # host back from the blacklist) is a host update once it can join: the
                     # others keep training while it starts (imports, model building).
                     slot.announced = True
                     self._host_update(added=True)
+            standby = time.monotonic() + SPARE_STANDBY
             while True:
                 if self.generation > after and slot_id in self.assignments:
                     return dict(self.assignments[slot_id])
+                if slot.spare and slot.state == "running" and time.monotonic() > standby:
+                    return {"type": "standby"}  # asks again: its wait has no end
                 if self.error is not None:
                     return {"type": "error", "message": self.error}
                 if self.finishing:

@@ -9,12 +9,15 @@ gets its rank, size and scheduler; ``shutdown`` + ``init`` moves to the next one
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..config import Config
 from ..errors import FastPSError
 from . import wire
+
+log = logging.getLogger("fastps.elastic")
 
 # The generation this process last joined (-1: none yet).
 _generation = -1
@@ -24,6 +27,29 @@ _info: Dict[str, Any] = {}
 _MARGIN = 30.0
 # A watch request: the driver answers within its WATCH_WAIT (20 s) even with no news.
 WATCH_TIMEOUT = 30.0
+
+# Called once when this process is told it is a spare (fastpsrun --spare-hosts): a plugin
+# does the framework's lazy first-use work there (torch's first optimizer imports
+# torch._dynamo: ~10 s on a loaded machine), not after it was given a failed rank.
+_standby_hooks: List[Callable[[], None]] = []
+_warmed = False
+
+
+def on_standby(hook: Callable[[], None]) -> None:
+    if hook not in _standby_hooks:
+        _standby_hooks.append(hook)
+
+
+def _warm_up() -> None:
+    global _warmed
+    if _warmed:
+        return
+    _warmed = True
+    for hook in _standby_hooks:
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - a warm-up is an optimisation only
+            log.warning("spare warm-up %r failed: %s", hook, exc)
 
 
 def generation() -> int:
@@ -45,11 +71,17 @@ def join() -> Config:
     (``HOROVOD_RANK``...), so scripts that read them see the new world."""
     global _generation, _info
     me = os.environ.get(wire.ID_VAR, "")
-    answer = wire.request(
-        {"type": "rendezvous", "id": me, "after": _generation},
-        timeout=_elastic_timeout() + _MARGIN,
-        job_id=_base_job_id(),
-    )
+    while True:
+        answer = wire.request(
+            {"type": "rendezvous", "id": me, "after": _generation},
+            timeout=_elastic_timeout() + _MARGIN,
+            job_id=_base_job_id(),
+        )
+        # A spare (fastpsrun --spare-hosts) waits for a failed worker's place as long as
+        # the job runs; each answer is bounded, and the driver stops it when the job ends.
+        if answer.get("type") != "standby":
+            break
+        _warm_up()
     if answer.get("type") != "assignment":
         raise FastPSError(f"elastic worker {me}: unexpected rendezvous answer {answer!r}")
     env = {

@@ -10,6 +10,8 @@ import queue
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from ..collectives import HostsUpdatedInterrupt
 from . import rendezvous, wire
 
@@ -61,16 +63,20 @@ class State(ABC):
         if not wire.enabled():
             self._last_updated_timestamp = newest
             return
-        answer: Dict[str, Any] = {"updated": False, "removed_only": False}
+        from .. import api
+
+        flags = np.zeros(3, np.float64)
         if self._rank() == 0:
             answer = rendezvous.host_updates()
             newest = max(newest, int(answer.get("epoch", 0)))
-        updated, removed_only, newest = self._bcast_object(
-            (bool(answer.get("updated")), bool(answer.get("removed_only")), newest)
-        )
-        self._last_updated_timestamp = newest
-        if updated:
-            raise HostsUpdatedInterrupt(removed_only)
+            flags[:] = (bool(answer.get("updated")), bool(answer.get("removed_only")), newest)
+        # Rank 0's answer as a sum (the others add zeros), not a broadcast: with elastic
+        # servers a sum in flight when a server dies is summed again on the others; a
+        # broadcast would fail and roll the generation back (docs/elastic.md).
+        total = api.push_pull(flags, average=False, name="fastps.elastic.host_updates")
+        self._last_updated_timestamp = int(total[2])
+        if total[0] > 0:
+            raise HostsUpdatedInterrupt(bool(total[1] > 0))
 
     @abstractmethod
     def save(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
+from fastps.elastic import rendezvous as _rendezvous
 from fastps.elastic import state as _state
 from fastps.elastic.errors import WorkerLostError
 
@@ -32,6 +33,16 @@ __all__ = [
 ]
 
 State = _state.State
+
+
+def _warm_up() -> None:
+    """A spare's lazy first-use work, done while it waits: torch's first optimizer
+    imports torch._dynamo (~10 s on a loaded 2-core machine), which would otherwise
+    delay the first step after the spare took a failed rank."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+_rendezvous.on_standby(_warm_up)
 
 
 def _rank() -> int:

@@ -148,6 +148,7 @@ def test_failure_during_recovery(tmp_path, subprocess_env):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
 def test_worker_added_by_discovery_joins_at_commit(tmp_path, subprocess_env):
     hosts, script = _discovery(tmp_path, "localhost:2")
     steps = 30
@@ -168,14 +169,61 @@ def test_worker_added_by_discovery_joins_at_commit(tmp_path, subprocess_env):
             "STEPS": str(steps),
             "STEP_SLEEP": "0.2",
             "GROW_AT": f"4@{hosts}@localhost:3",
-            "WAIT_SIZE": "3@120",
+            # the joiner's start-up (torch's import) takes minutes on a loaded machine
+            "HOLD_FOR_SIZE": "3@6@240",
         },
+        timeout=RUN_TIMEOUT + 60,
     )
     assert proc.returncode == 0, _show(proc)
     sizes = sizes_by_step(proc.stdout)
     assert sizes[1] == 2 and sizes[steps] == 3, sizes
     assert out["size"] == 3 and out["resets"] and out["resets"][-1][0] == 3
     assert_reference(out, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_spare_workers_take_the_failed_ranks(tmp_path, subprocess_env):
+    """--spare-hosts 1: a spare worker started with the others waits outside the job (its
+    start-up is no host update); when the worker of rank 1 dies, the spare takes rank 1 and
+    the world keeps its 3 workers. fastpsrun starts a new spare on the next free slot;
+    when rank 0 dies, that spare comes last (rank 0 must be a survivor: it holds the
+    committed state that sync() broadcasts)."""
+    _, script = _discovery(tmp_path, "localhost:5")
+    steps = 30
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {"STEPS": str(steps), "FAIL_AT": "localhost:1@6@backward,localhost:0@16@backward"},
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    err = proc.stderr
+    assert "spare worker 3 started on slot localhost:3" in err, _show(proc)
+    assert "spare worker on slot localhost:3 replaces the worker on slot localhost:1" in err
+    assert "generation 1: 3 workers (localhost:0, localhost:3, localhost:2)" in err, _show(proc)
+    assert "spare worker 4 started on slot localhost:4" in err, _show(proc)
+    assert "generation 2: 3 workers (localhost:3, localhost:2, localhost:4)" in err, _show(proc)
+    assert "generation 3" not in err, _show(proc)  # a spare's start-up is no host update
+    sizes = sizes_by_step(proc.stdout)
+    assert set(sizes.values()) == {3}, sizes
+    assert_reference(out, steps)
+    print("recovery after SIGKILL with a spare:", recovery_seconds(proc.stdout))
+
+
+def test_spare_hosts_need_discovery_script(subprocess_env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastps.launcher", "-np", "2", "--spare-hosts", "1", "true"],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--spare-hosts need --host-discovery-script" in proc.stderr
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ bounded time."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,12 +86,47 @@ def test_losing_the_last_server_ends_the_job_clearly(tmp_path, subprocess_env):
     assert "server 0" in output and "died" in output, output[-3000:]
 
 
-def test_elastic_servers_with_elastic_workers_is_refused(subprocess_env):
-    env = {**subprocess_env, "FASTPS_ELASTIC_SERVERS": "1"}
-    cmd = [sys.executable, "-m", "fastps.launcher", "--host-discovery-script", "echo localhost:2"]
-    cmd += [sys.executable, "-c", "pass"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "FASTPS_ELASTIC_SERVERS=1 cannot be combined with --host-discovery-script" in (
-        proc.stdout + proc.stderr
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 180)
+def test_elastic_servers_with_elastic_workers(tmp_path, subprocess_env):
+    """Both kinds of membership change in one torch run: a server SIGKILLed (its keys move,
+    no rollback), a worker SIGKILLed mid-backward (rollback, the next generation forms with
+    2 workers and the 2 servers left), a server added by hand to that generation, and a
+    worker added through the discovery script (the next generation: 3 workers, 3
+    servers). The final parameters must equal one process running the same steps."""
+    pytest.importorskip("torch")
+    import test_elastic
+
+    hosts, script = test_elastic._discovery(tmp_path, "localhost:3")
+    steps = 50
+    env = {**subprocess_env, "FASTPS_ELASTIC_SERVERS": "1", "TMPDIR": str(tmp_path)}
+    args = ["-np", "3", "--min-np", "2", "--max-np", "3", "--num-servers", "3"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "60"]
+    proc, out = test_elastic.run_elastic(
+        tmp_path,
+        env,
+        args,
+        {
+            "STEPS": str(steps),
+            "KILL_SERVER_AT": "4",
+            "FAIL_AT": "localhost:2@8@backward",
+            "GROW_AT": f"16@{hosts}@localhost:4",
+            "ADD_SERVER_AT": "12@7@1",
+            "HOLD_FOR_SIZE": "3@17@240",
+        },
+        timeout=RUN_TIMEOUT + 60,
     )
+    show = test_elastic._show(proc)
+    assert proc.returncode == 0, show
+    assert "KILL server" in proc.stdout and "ADD server id=7" in proc.stdout, show
+    # The server's death moved its keys within generation 0 (no new generation for it).
+    assert "server 0" in proc.stderr and "server epoch 1" in proc.stderr, show
+    assert "generation 1: 2 workers (localhost:0, localhost:1)" in proc.stderr, show
+    assert "SERVER_EPOCH 1" in proc.stdout, show  # server 7 joined generation 1
+    servers = dict(re.findall(r"generation (\d+): servers (.*)", proc.stderr))
+    assert servers["0"].count("pid") == 3, servers
+    assert servers["1"].count("pid") == 2, servers  # the killed server is not replaced
+    assert servers["2"].count("pid") == 3, servers  # the added one counts
+    sizes = test_elastic.sizes_by_step(proc.stdout)
+    assert sizes[1] == 3 and sizes[steps] == 3 and 2 in sizes.values(), sizes
+    test_elastic.assert_reference(out, steps)

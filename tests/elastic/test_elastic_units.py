@@ -127,3 +127,48 @@ def test_watchers_hear_of_host_updates(monkeypatch):
     finally:
         notifications.remove_listener(state)
         driver._service.close()
+
+
+def _launcher(members, failed, spares, max_np=3):
+    """An ElasticLauncher (no process started) whose generation was ``members``, with the
+    slots in ``failed`` dead and ``spares`` waiting."""
+    from fastps.elastic.driver import ElasticLauncher, _Slot
+
+    launcher = ElasticLauncher(
+        ["true"], discovery_script="echo localhost:9", min_np=1, max_np=max_np
+    )
+    for seq, sid in enumerate([*members, *spares]):
+        state = "failed" if sid in failed else "running"
+        launcher.slots[sid] = _Slot(
+            sid,
+            "localhost",
+            seq,
+            None,
+            state=state,
+            ready=True,
+            spare=sid in spares,  # type: ignore[arg-type]
+        )
+    launcher.members = list(members)
+    launcher.waiting = {sid: 0.0 for sid in members if sid not in failed}
+    launcher.waiting.update({sid: 0.0 for sid in spares})
+    return launcher
+
+
+def _seated(launcher):
+    alive = [s for s in launcher.slots.values() if s.state == "running" and not s.spare]
+    return [s.id for s in launcher._seat(alive)]
+
+
+def test_a_spare_takes_the_failed_rank_but_never_rank_0():
+    # rank 1 lost: the spare is rank 1, the others keep their ranks
+    assert _seated(_launcher(["a", "b", "c"], {"b"}, ["s"])) == ["a", "s", "c"]
+    # rank 0 lost: the survivors move up (rank 0 holds the committed state), the spare last
+    assert _seated(_launcher(["a", "b", "c"], {"a"}, ["s"])) == ["b", "c", "s"]
+    # two lost, one spare: the first hole is filled, the world is one smaller
+    assert _seated(_launcher(["a", "b", "c"], {"b", "c"}, ["s"])) == ["a", "s"]
+    # two spares, one lost: one is seated, the other stays a spare
+    launcher = _launcher(["a", "b", "c"], {"c"}, ["s", "t"])
+    assert _seated(launcher) == ["a", "b", "s"]
+    assert launcher.slots["t"].spare and not launcher.slots["s"].spare
+    # no room under --max-np: no spare is seated
+    assert _seated(_launcher(["a", "b"], {"b"}, ["s"], max_np=1)) == ["a"]

@@ -17,7 +17,16 @@ Environment:
   WAIT_SIZE    ``size@seconds``: while the world is smaller than ``size``, each step
                sleeps 0.5 s more (at most ``seconds`` in all), so a joining worker that
                starts slowly (a loaded machine) still joins before the last step
+  HOLD_FOR_SIZE   ``size@step@seconds``: from ``step`` on, while the world is smaller than
+               ``size``, every rank commits every 0.5 s without stepping (at most ``seconds``
+               in all, rank 0's clock decides), so a worker that starts slowly joins before
+               the training ends
   KILL_SERVER_AT  step at which rank 0 SIGKILLs the generation's server 0
+  ADD_SERVER_AT   ``step@id@epoch`` (with FASTPS_ELASTIC_SERVERS=1): rank 0 starts
+               ``python -m fastps.server`` with FASTPS_SERVER_ID=id and the settings
+               fastpsrun wrote in $TMPDIR for the running generation; at the next step every
+               rank waits (bounded) until its core runs in server epoch ``epoch``, so the
+               steps after run on the new server whatever its start-up takes
   RESULT       where rank 0 writes the final parameters (JSON)
 """
 
@@ -26,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -100,6 +110,20 @@ def _kill_server(step: int) -> None:
     raise RuntimeError("no server of this generation found")
 
 
+def _add_server(sid: int, step: int) -> subprocess.Popen:
+    """Starts a server by hand, as docs/elastic.md says, for the running generation."""
+    base = os.environ["FASTPS_ELASTIC_JOB_ID"]
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastps-{base}-servers.env")
+    env = dict(os.environ)
+    env.pop("FASTPS_RANK", None)
+    for line in open(path):
+        k, _, v = line.removeprefix("export ").strip().partition("=")
+        env[k] = v
+    env["FASTPS_SERVER_ID"] = str(sid)
+    print(f"ADD server id={sid} step={step} t={time.time():.3f}", flush=True)
+    return subprocess.Popen([sys.executable, "-m", "fastps.server"], env=env)
+
+
 def main() -> None:
     steps = int(os.environ.get("STEPS", "30"))
     sleep = float(os.environ.get("STEP_SLEEP", "0.1"))
@@ -108,6 +132,13 @@ def main() -> None:
     grow = os.environ.get("GROW_AT", "")
     wait = os.environ.get("WAIT_SIZE", "")
     kill_server = [int(os.environ.get("KILL_SERVER_AT", "-1"))]
+    hold = os.environ.get("HOLD_FOR_SIZE", "")
+    hold_size, hold_step, hold_s = (int(x) for x in hold.split("@")) if hold else (0, 0, 0)
+    hold_until = time.time() + hold_s
+    add = os.environ.get("ADD_SERVER_AT", "")
+    add_at, add_id, add_epoch = (int(x) for x in add.split("@")) if add else (-1, 0, 0)
+    added: list = []
+    waited: list = []
     wait_size = int(wait.split("@")[0]) if wait else 0
     wait_until = time.time() + (float(wait.split("@")[1]) if wait else 0.0)
 
@@ -144,6 +175,17 @@ def main() -> None:
             if r == 0 and state.step == kill_server[0]:
                 kill_server[0] = -1
                 _kill_server(state.step)
+            if r == 0 and state.step == add_at and not added:
+                added.append(_add_server(add_id, state.step))
+            if add and state.step == add_at + 1 and not waited:
+                import fastps.api as api
+
+                waited.append(state.step)
+
+                worker = api._st().worker
+                got = worker.server_epoch(add_epoch, timeout=120.0)
+                if r == 0:
+                    print(f"SERVER_EPOCH {got} step={state.step}", flush=True)
             opt.zero_grad()
             ((model(xs) - ys) ** 2).mean().backward()
             opt.step()
@@ -162,6 +204,11 @@ def main() -> None:
             state.commit()
             if wait_size and hvd.size() < wait_size and time.time() < wait_until:
                 time.sleep(0.5)
+            while hold and state.step >= hold_step and hvd.size() < hold_size:
+                if not hvd.broadcast_object(time.time() < hold_until, root_rank=0):
+                    break
+                time.sleep(0.5)
+                state.commit()  # raises HostsUpdatedInterrupt once the newcomer is ready
 
     train(state)
     if hvd.rank() == 0 and os.environ.get("RESULT"):
@@ -175,6 +222,9 @@ def main() -> None:
                 f,
             )
     print(f"DONE rank={hvd.rank()} size={hvd.size()}", flush=True)
+    hvd.shutdown()  # the generation ends once every worker left: the added server too
+    for p in added:
+        p.wait(timeout=60)  # it leaves with the generation it joined
 
 
 if __name__ == "__main__":

@@ -110,3 +110,30 @@ def test_killed_worker_tf_training_finishes_smaller(tmp_path, subprocess_env, tf
     want = train_elastic.reference(steps)
     for got, ref in zip(out["params"], want):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_commit_callback_counts_from_each_fit_start():
+    """A commit that raises (HostsUpdatedInterrupt) must not leave the count where a
+    newcomer's differs: every fit() starts counting afresh, on every rank."""
+    from fastps.tensorflow.keras.elastic import CommitStateCallback
+
+    class Interrupting:
+        def __init__(self):
+            self.commits = 0
+
+        def commit(self):
+            self.commits += 1
+            if self.commits == 1:
+                raise RuntimeError("hosts updated")
+
+    state = Interrupting()
+    cb = CommitStateCallback(state, batches_per_commit=3)
+    cb.on_train_begin()
+    cb.on_train_batch_end(0)
+    cb.on_train_batch_end(1)
+    with pytest.raises(RuntimeError):
+        cb.on_train_batch_end(2)
+    cb.on_train_begin()  # the next fit(), in the new world
+    for b in range(6):
+        cb.on_train_batch_end(b)
+    assert state.commits == 3  # after batches 2 and 5 of the new fit

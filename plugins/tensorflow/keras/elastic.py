@@ -56,11 +56,17 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_per_commit = int(batches_per_commit)
         self._left = self.batches_per_commit
 
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        # Every rank counts from the same batch in each fit(): after a change of world a
+        # survivor's count (cut short by a commit that raised) and a newcomer's must agree,
+        # or their commits -- collectives -- fall on different batches and wait forever.
+        self._left = self.batches_per_commit
+
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._left -= 1
-        if self._left == 0:
+        if self._left <= 0:
+            self._left = self.batches_per_commit  # before commit(), which may raise
             self.commit()
-            self._left = self.batches_per_commit
 
     def commit(self) -> None:
         """One commit (a subclass may count or extend them, as Horovod's tests do)."""
