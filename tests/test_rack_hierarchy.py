@@ -108,5 +108,13 @@ def test_killed_rack_server_is_reported_by_name() -> None:
         for w in job.workers():
             assert w.popen.returncode != 0, job.dump()
             assert "ABORTED" in w.output and "server 1" in w.output, job.dump()
-        # The owner saw rack b's relay go and named it.
-        assert "rack server 1 (relaying as worker 2" in job.proc("server", 0).output, job.dump()
+        # Server 0 names server 1 in the role it lost: rack b's relay into server 0's parts,
+        # or the owner server 0's own rack sums were relayed to (whichever connection
+        # noticed first; the scheduler's abort may also reach server 0 before either).
+        out = job.proc("server", 0).output
+        assert (
+            "rack server 1 (relaying as worker 2" in out
+            or "lost its uplink to owner server 1" in out
+            or "server 1 (pid" in out
+            and "died" in out
+        ), job.dump()
