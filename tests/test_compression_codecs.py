@@ -66,6 +66,54 @@ def test_topk_keeps_the_largest(n: int, k: str, count: int) -> None:
     np.testing.assert_array_equal(out, want)
 
 
+def topk_reference(x: np.ndarray, count: int) -> np.ndarray:
+    mag = np.where(np.isnan(x), np.inf, np.abs(x))
+    keep = np.argsort(-mag, kind="stable")[:count]
+    want = np.zeros_like(x)
+    want[keep] = x[keep]
+    return want
+
+
+@pytest.mark.parametrize("nonzeros", [50, 655, 656, 900, 3000])
+def test_topk_sparse_part_takes_its_nonzeros(nonzeros: int) -> None:
+    # A server's sum of sparse pushes: the sample is mostly zeros, so the nonzeros are the
+    # candidates, and with fewer than k of them the lowest-index zeros fill the rest.
+    n, count = 65536, 656
+    rng = np.random.default_rng(nonzeros)
+    x = np.zeros(n, dtype=np.float32)
+    x[rng.choice(n, nonzeros, replace=False)] = rng.standard_normal(nonzeros).astype(np.float32)
+    x[:7] = -0.0
+    out, data = roundtrip("topk:0.01", x)
+    assert len(data) == HEADER + 8 * count
+    np.testing.assert_array_equal(out, topk_reference(x, count))
+    idx = np.frombuffer(data[HEADER : HEADER + 4 * count], dtype=np.uint32)
+    assert (np.diff(idx.astype(np.int64)) > 0).all()  # index order, no repeats
+
+
+def test_topk_unlucky_sample_falls_back_to_all_values() -> None:
+    # The sampled values are the largest, so too few values pass the sample's threshold:
+    # the selection runs over the whole part and is still exact.
+    n, count = 65536, 656
+    x = values(n, seed=3) * 1e-3
+    stride = n // 2048
+    x[: 60 * stride : stride] = 1000 + np.arange(60, dtype=np.float32)
+    x[123] = np.inf
+    x[777] = -np.inf
+    x[4000] = np.nan
+    out, _ = roundtrip("topk:0.01", x)
+    np.testing.assert_array_equal(out, topk_reference(x, count))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 8193, 70001])
+def test_topk_every_length_and_whole_part(n: int) -> None:
+    # Lengths around the 16-value vector step and the sampling bound; k = n sends all.
+    x = values(n, seed=n)
+    x[n // 3] = np.nan
+    for k, count in (("0.01", int(np.ceil(0.01 * n))), (str(n), n)):
+        out, _ = roundtrip(f"topk:{k}", x)
+        np.testing.assert_array_equal(out, topk_reference(x, count))
+
+
 def test_randomk_same_seed_same_indices() -> None:
     x = values()
     a, data = roundtrip("randomk:0.05", x, seed=11)
