@@ -162,6 +162,7 @@ def test_dithering_is_unbiased_on_its_grid() -> None:
         ("", "none"),
         ("none", "none"),
         ("randomk:100", "randomk:100"),
+        ("topk:0.01:ef:momentum=0.90", "topk:0.01:ef:momentum=0.9"),
     ],
 )
 def test_spec_canonical_form(text: str, canon: str) -> None:
@@ -178,6 +179,11 @@ def test_spec_canonical_form(text: str, canon: str) -> None:
         ("dithering:300", "1 to 127"),
         ("fp16:ef:ef", "unexpected field 'ef'"),
         ("none:ef", "unexpected field"),
+        ("topk:0.01:momentum=0.9", "error feedback only"),
+        ("onebit:ef:momentum=0.9", "top-k with error feedback"),
+        ("topk:0.01:ef:momentum=1.5", "0.0001 to 0.9999"),
+        ("topk:0.01:ef:momentum=x", "momentum 'x'"),
+        ("topk:0.01:ef:momentum=0.9:ef", "unexpected field 'ef'"),
     ],
 )
 def test_bad_specs_are_refused_by_name(text: str, culprit: str) -> None:

@@ -164,8 +164,7 @@ CompressedHeader read_compressed_header(const char* data, size_t len) {
     throw std::invalid_argument("compressed part has unknown header bits");
   if (h.momentum && (h.codec != static_cast<uint8_t>(Codec::kTopK) ||
                      !(h.flags & kCompressedErrorFeedback) || h.momentum >= 10000))
-    throw std::invalid_argument("compressed part has a momentum of " +
-                                std::to_string(h.momentum) +
+    throw std::invalid_argument("compressed part has a momentum of " + std::to_string(h.momentum) +
                                 "e-4 (top-k with error feedback only, below 1)");
   return h;
 }

@@ -45,8 +45,8 @@ size_t collect_at_least(const float* x, size_t n, int32_t t, uint32_t* cand) {
     return _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, below)));
   };
   for (; i + 16 <= n; i += 16) {
-    unsigned mask = static_cast<unsigned>(pass(i) | pass(i + 4) << 4 | pass(i + 8) << 8 |
-                                          pass(i + 12) << 12);
+    unsigned mask =
+        static_cast<unsigned>(pass(i) | pass(i + 4) << 4 | pass(i + 8) << 8 | pass(i + 12) << 12);
     for (; mask; mask &= mask - 1)
       cand[c++] = static_cast<uint32_t>(i + static_cast<size_t>(__builtin_ctz(mask)));
   }

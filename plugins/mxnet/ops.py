@@ -29,6 +29,7 @@ from fastps import collectives as C
 from fastps.buffers import SUPPORTED_DTYPES, RawBuffer
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
+
 from .compression import Compression, is_core
 
 __all__ = [

@@ -131,9 +131,7 @@ def check_mismatch(rank: int, size: int) -> None:
 
 
 def trainer_mismatch(rank: int) -> int:
-    comp = (
-        hvd.Compression.topk(0.1, error_feedback=True) if rank == 0 else hvd.Compression.onebit
-    )
+    comp = hvd.Compression.topk(0.1, error_feedback=True) if rank == 0 else hvd.Compression.onebit
     try:
         train(rank, comp, steps=2)
     except fastps.FastPSError as exc:
