@@ -234,3 +234,16 @@ def test_python_choices_per_tensor() -> None:
         Compression.from_spec("lz4")
     with pytest.raises(FastPSError, match="not one of fastps's core compressors"):
         spec_for(object(), "w", 4096, "float32")
+
+
+def test_momentum_header_field_is_checked() -> None:
+    # The header's 16-bit momentum (offset 6) is top-k-with-error-feedback only, below 1.
+    x = values(100)
+    out = np.empty_like(x)
+    for spec, units in (("onebit", 9000), ("topk:0.1", 9000), ("topk:0.1:ef", 10000)):
+        data = bytearray(_core.compress(spec, x.ctypes.data, x.size, 0))
+        if spec.endswith(":ef"):
+            data[5] = 1  # the error-feedback flag, as a worker's encoding sets it
+        data[6:8] = units.to_bytes(2, "little")
+        with pytest.raises(ValueError, match="momentum"):
+            _core.decompress(bytes(data), 100, out.ctypes.data)
