@@ -49,14 +49,18 @@ class CoreCompressor:
         error_feedback: bool = False,
         min_bytes: int = 0,
         names: Optional[Sequence[str]] = None,
+        momentum: float = 0.0,
     ) -> None:
         text = codec if param is None else f"{codec}:{param}"
         if error_feedback:
             text += ":ef"
+        if momentum:
+            text += f":momentum={momentum}"
         self.spec = canonical_spec(text)
         self.codec = codec
         self.param = param
         self.error_feedback = bool(error_feedback)
+        self.momentum = float(momentum)
         if int(min_bytes) < 0:
             raise FastPSError(f"compression {self.spec}: min_bytes = {min_bytes} must be >= 0")
         self.min_bytes = int(min_bytes)
@@ -74,6 +78,7 @@ class CoreCompressor:
             self.error_feedback if error_feedback is None else error_feedback,
             self.min_bytes if min_bytes is None else min_bytes,
             self.names if names is None else names,
+            self.momentum,
         )
 
     def spec_for(self, name: str, nbytes: int, dtype: str) -> str:
@@ -117,9 +122,14 @@ class Compression:
     onebit = CoreCompressor("onebit")
 
     @staticmethod
-    def topk(k: float, error_feedback: bool = False, min_bytes: int = 0) -> CoreCompressor:
-        """The k largest magnitudes of each part (k < 1: that fraction of its values)."""
-        return CoreCompressor("topk", k, error_feedback, min_bytes)
+    def topk(
+        k: float, error_feedback: bool = False, min_bytes: int = 0, momentum: float = 0.0
+    ) -> CoreCompressor:
+        """The k largest magnitudes of each part (k < 1: that fraction of its values).
+        ``momentum`` (with error feedback): Deep Gradient Compression's momentum
+        correction and factor masking (Lin et al. 2018); use it with an optimizer
+        without momentum of its own."""
+        return CoreCompressor("topk", k, error_feedback, min_bytes, momentum=momentum)
 
     @staticmethod
     def randomk(k: float, error_feedback: bool = False, min_bytes: int = 0) -> CoreCompressor:
@@ -139,11 +149,15 @@ class Compression:
         if spec == "none":
             return None
         fields = spec.split(":")
+        momentum = 0.0
+        if fields[-1].startswith("momentum="):
+            momentum = float(fields[-1].split("=", 1)[1])
+            fields = fields[:-1]
         ef = fields[-1] == "ef"
         if ef:
             fields = fields[:-1]
         param = float(fields[1]) if len(fields) > 1 else None
-        return CoreCompressor(fields[0], param, ef, min_bytes)
+        return CoreCompressor(fields[0], param, ef, min_bytes, momentum=momentum)
 
     @staticmethod
     def select(rules: Sequence[Tuple[str, Optional[CoreCompressor]]]) -> _Select:

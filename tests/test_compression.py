@@ -43,6 +43,10 @@ def test_error_feedback_converges() -> None:
     run("ef", "tcp")
 
 
+def test_topk_momentum_correction_matches_reference() -> None:
+    run("momentum", "tcp")
+
+
 def test_mismatch_on_the_servers_names_both_and_job_goes_on() -> None:
     run("mismatch_server", "tcp")
 

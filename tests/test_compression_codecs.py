@@ -66,6 +66,54 @@ def test_topk_keeps_the_largest(n: int, k: str, count: int) -> None:
     np.testing.assert_array_equal(out, want)
 
 
+def topk_reference(x: np.ndarray, count: int) -> np.ndarray:
+    mag = np.where(np.isnan(x), np.inf, np.abs(x))
+    keep = np.argsort(-mag, kind="stable")[:count]
+    want = np.zeros_like(x)
+    want[keep] = x[keep]
+    return want
+
+
+@pytest.mark.parametrize("nonzeros", [50, 655, 656, 900, 3000])
+def test_topk_sparse_part_takes_its_nonzeros(nonzeros: int) -> None:
+    # A server's sum of sparse pushes: the sample is mostly zeros, so the nonzeros are the
+    # candidates, and with fewer than k of them the lowest-index zeros fill the rest.
+    n, count = 65536, 656
+    rng = np.random.default_rng(nonzeros)
+    x = np.zeros(n, dtype=np.float32)
+    x[rng.choice(n, nonzeros, replace=False)] = rng.standard_normal(nonzeros).astype(np.float32)
+    x[:7] = -0.0
+    out, data = roundtrip("topk:0.01", x)
+    assert len(data) == HEADER + 8 * count
+    np.testing.assert_array_equal(out, topk_reference(x, count))
+    idx = np.frombuffer(data[HEADER : HEADER + 4 * count], dtype=np.uint32)
+    assert (np.diff(idx.astype(np.int64)) > 0).all()  # index order, no repeats
+
+
+def test_topk_unlucky_sample_falls_back_to_all_values() -> None:
+    # The sampled values are the largest, so too few values pass the sample's threshold:
+    # the selection runs over the whole part and is still exact.
+    n, count = 65536, 656
+    x = values(n, seed=3) * 1e-3
+    stride = n // 2048
+    x[: 60 * stride : stride] = 1000 + np.arange(60, dtype=np.float32)
+    x[123] = np.inf
+    x[777] = -np.inf
+    x[4000] = np.nan
+    out, _ = roundtrip("topk:0.01", x)
+    np.testing.assert_array_equal(out, topk_reference(x, count))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 8193, 70001])
+def test_topk_every_length_and_whole_part(n: int) -> None:
+    # Lengths around the 16-value vector step and the sampling bound; k = n sends all.
+    x = values(n, seed=n)
+    x[n // 3] = np.nan
+    for k, count in (("0.01", int(np.ceil(0.01 * n))), (str(n), n)):
+        out, _ = roundtrip(f"topk:{k}", x)
+        np.testing.assert_array_equal(out, topk_reference(x, count))
+
+
 def test_randomk_same_seed_same_indices() -> None:
     x = values()
     a, data = roundtrip("randomk:0.05", x, seed=11)
@@ -114,6 +162,7 @@ def test_dithering_is_unbiased_on_its_grid() -> None:
         ("", "none"),
         ("none", "none"),
         ("randomk:100", "randomk:100"),
+        ("topk:0.01:ef:momentum=0.90", "topk:0.01:ef:momentum=0.9"),
     ],
 )
 def test_spec_canonical_form(text: str, canon: str) -> None:
@@ -130,6 +179,11 @@ def test_spec_canonical_form(text: str, canon: str) -> None:
         ("dithering:300", "1 to 127"),
         ("fp16:ef:ef", "unexpected field 'ef'"),
         ("none:ef", "unexpected field"),
+        ("topk:0.01:momentum=0.9", "error feedback only"),
+        ("onebit:ef:momentum=0.9", "top-k with error feedback"),
+        ("topk:0.01:ef:momentum=1.5", "0.0001 to 0.9999"),
+        ("topk:0.01:ef:momentum=x", "momentum 'x'"),
+        ("topk:0.01:ef:momentum=0.9:ef", "unexpected field 'ef'"),
     ],
 )
 def test_bad_specs_are_refused_by_name(text: str, culprit: str) -> None:
@@ -180,3 +234,16 @@ def test_python_choices_per_tensor() -> None:
         Compression.from_spec("lz4")
     with pytest.raises(FastPSError, match="not one of fastps's core compressors"):
         spec_for(object(), "w", 4096, "float32")
+
+
+def test_momentum_header_field_is_checked() -> None:
+    # The header's 16-bit momentum (offset 6) is top-k-with-error-feedback only, below 1.
+    x = values(100)
+    out = np.empty_like(x)
+    for spec, units in (("onebit", 9000), ("topk:0.1", 9000), ("topk:0.1:ef", 10000)):
+        data = bytearray(_core.compress(spec, x.ctypes.data, x.size, 0))
+        if spec.endswith(":ef"):
+            data[5] = 1  # the error-feedback flag, as a worker's encoding sets it
+        data[6:8] = units.to_bytes(2, "little")
+        with pytest.raises(ValueError, match="momentum"):
+            _core.decompress(bytes(data), 100, out.ctypes.data)

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
-#include <unordered_set>
 #include <vector>
 
 #include "compression/codecs.h"
@@ -45,6 +44,7 @@ std::string CompressionSpec::describe() const {
   os << codec_name(codec);
   if (takes_param(codec)) os << ":" << param;
   if (error_feedback) os << ":ef";
+  if (momentum > 0) os << ":momentum=" << momentum;
   return os.str();
 }
 
@@ -90,8 +90,29 @@ CompressionSpec CompressionSpec::parse(const std::string& text) {
     next = 2;
   }
   for (; next < fields.size(); ++next) {
-    if (fields[next] == "ef" && s.codec != Codec::kNone && !s.error_feedback) {
+    if (fields[next] == "ef" && s.codec != Codec::kNone && !s.error_feedback && !s.momentum) {
       s.error_feedback = true;
+      continue;
+    }
+    const std::string key = "momentum=";
+    if (fields[next].compare(0, key.size(), key) == 0 && !s.momentum) {
+      std::string value = fields[next].substr(key.size());
+      if (s.codec != Codec::kTopK || !s.error_feedback)
+        throw std::invalid_argument("compression '" + text +
+                                    "': momentum correction applies to top-k with error "
+                                    "feedback only (topk:K:ef:momentum=M)");
+      size_t used = 0;
+      float m = 0;
+      try {
+        m = std::stof(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      uint16_t units = used == value.size() && m > 0 && m < 1 ? momentum_units(m) : 0;
+      if (units == 0 || units >= 10000)
+        throw std::invalid_argument("compression '" + text + "': momentum '" + value +
+                                    "' must be a number from 0.0001 to 0.9999");
+      s.momentum = momentum_of_units(units);
       continue;
     }
     throw std::invalid_argument("compression '" + text + "': unexpected field '" + fields[next] +
@@ -115,6 +136,17 @@ size_t Compressor::compress_residual(float* c, size_t n, uint64_t seed, char* bo
   for (size_t i = 0; i < n; ++i) c[i] -= sent[i];
   return bytes;
 }
+
+void Compressor::zero_sent(const char*, size_t, size_t n, uint64_t, float* v) const {
+  std::fill(v, v + n, 0.0f);
+}
+
+uint16_t momentum_units(float momentum) {
+  double u = std::round(static_cast<double>(momentum) * 10000.0);
+  return u < 0 || u > 65535 ? 0 : static_cast<uint16_t>(u);
+}
+
+float momentum_of_units(uint16_t units) { return static_cast<float>(units / 10000.0); }
 
 std::unique_ptr<Compressor> make_compressor(const CompressionSpec& spec) {
   switch (spec.codec) {
@@ -158,17 +190,21 @@ uint64_t random_at(uint64_t seed, uint64_t i) {
 }
 
 void randomk_indices(uint64_t seed, size_t n, size_t k, uint32_t* out) {
-  // Floyd's sampling: k draws, each a distinct index, whatever n is.
-  std::unordered_set<uint32_t> chosen;
-  chosen.reserve(k * 2);
+  // Floyd's sampling: k draws, each a distinct index, whatever n is. The chosen set is a
+  // bitmap (per thread, n / 8 bytes), whose scan yields the indices in ascending order.
+  thread_local std::vector<uint64_t> chosen;
+  chosen.assign((n + 63) / 64, 0);
+  auto taken = [](uint32_t i) { return (chosen[i >> 6] >> (i & 63)) & 1; };
   size_t m = 0;
-  for (size_t j = n - k; j < n; ++j) {
+  for (size_t j = n - k; j < n; ++j, ++m) {
     auto t = static_cast<uint32_t>(random_at(seed, m) % (j + 1));
-    auto pick = chosen.count(t) ? static_cast<uint32_t>(j) : t;
-    chosen.insert(pick);
-    out[m++] = pick;
+    uint32_t pick = taken(t) ? static_cast<uint32_t>(j) : t;
+    chosen[pick >> 6] |= uint64_t{1} << (pick & 63);
   }
-  std::sort(out, out + k);
+  size_t o = 0;
+  for (size_t w = 0; w < chosen.size(); ++w)
+    for (uint64_t bits = chosen[w]; bits; bits &= bits - 1)
+      out[o++] = static_cast<uint32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
 }
 
 void check_body(const char* codec, size_t bytes, size_t expected, size_t n) {

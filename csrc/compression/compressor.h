@@ -24,18 +24,23 @@ enum class Codec : uint8_t {
 
 // How one tensor is compressed. param: k for top-k/random-k (a fraction of the part's
 // elements when < 1, else a count), the number of levels for dithering; unused otherwise.
+// momentum: top-k's momentum correction (Lin et al. 2018, "Deep Gradient Compression"),
+// the factor m in [0.0001, 0.9999] in steps of 0.0001 (it travels as a 16-bit count), or 0.
 struct CompressionSpec {
   Codec codec = Codec::kNone;
   float param = 0.0f;
   bool error_feedback = false;
+  float momentum = 0.0f;
 
   bool enabled() const { return codec != Codec::kNone; }
   bool operator==(const CompressionSpec& o) const {
-    return codec == o.codec && param == o.param && error_feedback == o.error_feedback;
+    return codec == o.codec && param == o.param && error_feedback == o.error_feedback &&
+           momentum == o.momentum;
   }
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
   // The canonical text form, the one parse() reads: "none", "fp16", "bf16", "onebit",
-  // "topk:0.01", "randomk:0.01", "dithering:16", each optionally followed by ":ef".
+  // "topk:0.01", "randomk:0.01", "dithering:16", each optionally followed by ":ef"; top-k
+  // with error feedback then optionally by ":momentum=0.9".
   std::string describe() const;
   // Throws std::invalid_argument naming the bad text or value.
   static CompressionSpec parse(const std::string& text);
@@ -48,7 +53,7 @@ struct CompressedHeader {
   uint32_t magic;     // kCompressedMagic
   uint8_t codec;      // Codec
   uint8_t flags;      // kCompressedErrorFeedback
-  uint16_t reserved;  // 0
+  uint16_t momentum;  // CompressionSpec::momentum in units of 1e-4 (0: none)
   uint32_t elements;  // the part's element count, uncompressed
   float param;        // CompressionSpec::param
   uint64_t seed;      // random-k's indices and dithering's rounding draw from it
@@ -73,7 +78,14 @@ class Compressor {
   // Error feedback in place: compresses c like compress() and leaves in c what the body
   // does not carry, c - decompress(body). The codecs override it to skip the decode.
   virtual size_t compress_residual(float* c, size_t n, uint64_t seed, char* body) const;
+  // Zeroes v at every index a body carries (momentum factor masking); a dense codec
+  // carries them all. Called on bodies this process encoded.
+  virtual void zero_sent(const char* body, size_t bytes, size_t n, uint64_t seed, float* v) const;
 };
+
+// CompressionSpec::momentum <-> its header field.
+uint16_t momentum_units(float momentum);
+float momentum_of_units(uint16_t units);
 
 // The codec for spec (spec.enabled() must hold); throws std::invalid_argument for a bad param.
 std::unique_ptr<Compressor> make_compressor(const CompressionSpec& spec);

@@ -18,6 +18,8 @@ class ErrorFeedback {
   // which leaves the next round's residual there. The memory stays valid until clear();
   // only one thread may use a key's residual at a time (the push thread, an engine).
   float* residual(uint64_t key, size_t n);
+  // Top-k's momentum correction: the velocity of key, n values, kept like the residual.
+  float* velocity(uint64_t key, size_t n);
   // Forgets every residual (the job's membership changed: parts mean other things now).
   void clear();
   size_t parts() const;
@@ -25,6 +27,7 @@ class ErrorFeedback {
  private:
   mutable std::mutex mu_;  // a leaf lock
   std::unordered_map<uint64_t, std::vector<float>> residual_;
+  std::unordered_map<uint64_t, std::vector<float>> velocity_;
 };
 
 }  // namespace fastps

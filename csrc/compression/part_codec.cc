@@ -104,6 +104,7 @@ std::shared_ptr<std::vector<char>> encode_part(const CompressionSpec& spec, cons
   h.magic = kCompressedMagic;
   h.codec = static_cast<uint8_t>(spec.codec);
   h.flags = spec.error_feedback ? kCompressedErrorFeedback : 0;
+  h.momentum = momentum_units(spec.momentum);
   h.elements = static_cast<uint32_t>(n);
   h.param = spec.param;
   h.seed = seed;
@@ -113,15 +114,29 @@ std::shared_ptr<std::vector<char>> encode_part(const CompressionSpec& spec, cons
   if (ef) {
     // residual += input, compressed in place: what is left is the next residual.
     float* r = ef->residual(key, n);
-    if (dt == DType::kFloat32) {
-      const auto* x = static_cast<const float*>(in);
-      for (size_t i = 0; i < n; ++i) r[i] += x[i];
+    std::vector<float> converted;
+    const auto* x = static_cast<const float*>(in);
+    if (dt != DType::kFloat32) {
+      converted.resize(n);
+      to_float(in, dt, n, converted.data());
+      x = converted.data();
+    }
+    float* u = nullptr;
+    if (spec.momentum > 0) {
+      // Momentum correction (Lin et al. 2018): the velocity u = m u + x is what
+      // accumulates, so what a part sends late still carries its momentum.
+      u = ef->velocity(key, n);
+      const float m = spec.momentum;
+      for (size_t i = 0; i < n; ++i) {
+        u[i] = m * u[i] + x[i];
+        r[i] += u[i];
+      }
     } else {
-      std::vector<float> x(n);
-      to_float(in, dt, n, x.data());
       for (size_t i = 0; i < n; ++i) r[i] += x[i];
     }
     bytes = codec->compress_residual(r, n, seed, body);
+    // Momentum factor masking: a value sent restarts its velocity, as its residual.
+    if (u) codec->zero_sent(body, bytes, n, seed, u);
   } else if (dt == DType::kFloat32) {
     bytes = codec->compress(static_cast<const float*>(in), n, seed, body);
   } else {
@@ -145,8 +160,12 @@ CompressedHeader read_compressed_header(const char* data, size_t len) {
   if (h.codec == 0 || h.codec >= static_cast<uint8_t>(Codec::kCount))
     throw std::invalid_argument("compressed part names unknown codec " +
                                 std::to_string(static_cast<unsigned>(h.codec)));
-  if ((h.flags & ~kCompressedErrorFeedback) || h.reserved)
+  if (h.flags & ~kCompressedErrorFeedback)
     throw std::invalid_argument("compressed part has unknown header bits");
+  if (h.momentum && (h.codec != static_cast<uint8_t>(Codec::kTopK) ||
+                     !(h.flags & kCompressedErrorFeedback) || h.momentum >= 10000))
+    throw std::invalid_argument("compressed part has a momentum of " + std::to_string(h.momentum) +
+                                "e-4 (top-k with error feedback only, below 1)");
   return h;
 }
 
@@ -155,6 +174,7 @@ CompressionSpec spec_of(const CompressedHeader& h) {
   s.codec = static_cast<Codec>(h.codec);
   s.param = h.param;
   s.error_feedback = (h.flags & kCompressedErrorFeedback) != 0;
+  s.momentum = momentum_of_units(h.momentum);
   return s;
 }
 

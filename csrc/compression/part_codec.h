@@ -35,7 +35,8 @@ std::shared_ptr<std::vector<char>> encode_part(const CompressionSpec& spec, cons
                                                DType dt, size_t n, uint64_t seed, ErrorFeedback* ef,
                                                uint64_t key);
 
-// A compressed payload's header, checked: magic, a known codec, reserved bits clear.
+// A compressed payload's header, checked: magic, a known codec, no unknown flag, a
+// momentum only on top-k with error feedback.
 // Throws std::invalid_argument saying what is wrong.
 CompressedHeader read_compressed_header(const char* data, size_t len);
 CompressionSpec spec_of(const CompressedHeader& h);

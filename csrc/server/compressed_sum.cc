@@ -124,6 +124,7 @@ void CompressedSum::handle(const std::shared_ptr<Connection>& conn, const FrameH
 
 void CompressedSum::complete(uint64_t key, Round& r, const FrameHeader& h) {
   CompressionSpec spec = spec_of(r.first);
+  spec.momentum = 0;  // the workers' momentum correction; the sum gets error feedback only
   // random-k answers on the pushers' indices (the sum has no others); the other codecs
   // draw the server's own seed.
   uint64_t seed =

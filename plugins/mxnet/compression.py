@@ -1,4 +1,7 @@
-"""Gradient compression around a push_pull: ``Compression.none`` and ``Compression.fp16``."""
+"""Gradient compression: ``Compression.none`` and ``Compression.fp16`` (a cast around the
+push_pull, run here), and the C++ core's compressors (``Compression.onebit``, ``.topk(k)``,
+...: they travel to the core with the tensor, which compresses on the wire, and the
+servers decode, sum in float32 and recompress; docs/compression.md)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ from typing import TYPE_CHECKING, Any, Tuple
 
 import mxnet as mx
 import numpy as np
+from fastps.compression import Compression as _Core
+from fastps.compression import CoreCompressor
 
-__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"]
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "is_core"]
 
 if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
     from typing_extensions import TypeAlias
@@ -62,7 +67,20 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """The compressors, by Horovod's names."""
+    """The compressors, by Horovod's names (``none``, ``fp16``: a cast), and the core's."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = _Core.bf16
+    onebit = _Core.onebit
+    topk = staticmethod(_Core.topk)
+    randomk = staticmethod(_Core.randomk)
+    dithering = staticmethod(_Core.dithering)
+    select = staticmethod(_Core.select)
+    core_fp16 = _Core.fp16
+
+
+def is_core(compression: Any) -> bool:
+    """Whether ``compression`` is carried out by the core (a fastps.Compression choice)
+    rather than a compress/decompress pair run here."""
+    return isinstance(compression, CoreCompressor) or hasattr(compression, "spec_for")

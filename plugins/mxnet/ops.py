@@ -30,6 +30,8 @@ from fastps.buffers import SUPPORTED_DTYPES, RawBuffer
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
 
+from .compression import Compression, is_core
+
 __all__ = [
     "ReduceOp",
     "ProcessSet",
@@ -276,6 +278,19 @@ def _grouped(
 # --------------------------------------------------------------------------- allreduce
 
 
+def _core_compression(compression: Any) -> Any:
+    """The core compressor ``compression`` names, or None; a cast compressor (``none``,
+    ``fp16``) is the trainer's business, not an op's: refused by name."""
+    if compression is None or compression is Compression.none:
+        return None
+    if is_core(compression):
+        return compression
+    raise FastPSError(
+        f"allreduce takes the core's compressors (fastps.Compression.onebit, .topk(k), ...), "
+        f"not {getattr(compression, '__name__', compression)!r}"
+    )
+
+
 def _allreduce_op(
     tensor: NDArray,
     inplace: bool,
@@ -286,8 +301,10 @@ def _allreduce_op(
     postscale: float,
     process_set: Any,
     layer_name: Optional[str] = None,
+    compression: Any = None,
 ) -> MXHandle:
     what = f"allreduce '{name}'" if name else "allreduce"
+    compression = _core_compression(compression)
     src = _Host(tensor, what, write=inplace)
     if inplace:
         dst, out = src, src.view
@@ -304,6 +321,7 @@ def _allreduce_op(
         _process_set(process_set),
         priority,
         out=out,
+        compression=compression,
     )
     if inplace:
         return MXHandle(cop.name, [cop], src.publish, keep=[src])
@@ -326,10 +344,13 @@ def allreduce_async(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
     op: Optional[int] = None,
+    compression: Any = None,
 ) -> MXHandle:
     """Starts averaging (default) or reducing ``tensor`` over the process set into a new
     NDArray. ``op``: Average, Sum, Min, Max, Product or Adasum (floating-point tensors;
-    core/adasum.py); ``average`` is the older flag."""
+    core/adasum.py); ``average`` is the older flag. ``compression``: one of the core's
+    compressors (``Compression.onebit``, ``.topk(k)``, ...; docs/compression.md) for a
+    Sum/Average over the global set; every rank must choose alike."""
     return _allreduce_op(
         tensor,
         False,
@@ -339,6 +360,7 @@ def allreduce_async(
         prescale_factor,
         postscale_factor,
         process_set,
+        compression=compression,
     )
 
 
@@ -351,6 +373,7 @@ def allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
     op: Optional[int] = None,
+    compression: Any = None,
 ) -> MXHandle:
     """In-place :func:`allreduce_async`: ``tensor`` receives the result."""
     return _allreduce_op(
@@ -362,6 +385,7 @@ def allreduce_async_(
         prescale_factor,
         postscale_factor,
         process_set,
+        compression=compression,
     )
 
 
@@ -374,11 +398,20 @@ def allreduce(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
     op: Optional[int] = None,
+    compression: Any = None,
 ) -> NDArray:
     """The average (default) or reduction of ``tensor`` over the process set, as a new
     NDArray; ``tensor`` is not modified. Integer averages round toward zero."""
     return allreduce_async(
-        tensor, average, name, priority, prescale_factor, postscale_factor, process_set, op
+        tensor,
+        average,
+        name,
+        priority,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        op,
+        compression,
     ).synchronize()
 
 
@@ -391,10 +424,19 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
     op: Optional[int] = None,
+    compression: Any = None,
 ) -> NDArray:
     """In-place :func:`allreduce`; returns ``tensor``."""
     return allreduce_async_(
-        tensor, average, name, priority, prescale_factor, postscale_factor, process_set, op
+        tensor,
+        average,
+        name,
+        priority,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        op,
+        compression,
     ).synchronize()
 
 
@@ -822,6 +864,7 @@ def _start(
     priority: int,
     scale: float,
     out_wait: str = "write",
+    compression: Any = None,
 ) -> _CoreHandle:
     """Starts the core's sum-times-``scale`` of ``tensor`` over all workers into ``out``
     (the gradient path: fixed names, no per-op announcement).
@@ -829,7 +872,8 @@ def _start(
     ``out_wait`` says what to wait for before the core writes ``out``: ``"write"`` every
     pending engine read and write of it (safe for any array), ``"read"`` pending writes
     only (enough where every reader is ordered before the last writer, like gradients
-    written by backward), ``"none"`` nothing (a new array).
+    written by backward), ``"none"`` nothing (a new array). ``compression``: a core
+    compressor (docs/compression.md) or None.
     """
     src_m = _Meta(tensor, f"tensor '{name}'")
     out_m = src_m if out is tensor else _Meta(out, f"output of tensor '{name}'")
@@ -861,6 +905,13 @@ def _start(
     elif out_wait == "read":
         _wait_to_read(dst)
     handle = _api.push_pull_raw(
-        src_m.raw(), dst_m.raw(), name, priority, scale, out=out, keep=(src, dst)
+        src_m.raw(),
+        dst_m.raw(),
+        name,
+        priority,
+        scale,
+        out=out,
+        keep=(src, dst),
+        compression=compression,
     )
     return _CoreHandle(handle, out, finish)

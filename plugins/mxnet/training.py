@@ -15,11 +15,12 @@ from fastps import api as _api
 from fastps import collectives as C
 from fastps.async_mode import DeltaExchange, async_requested, current_mode
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
+from fastps.compression import default_compressor
 from fastps.errors import FastPSError
 from fastps.fusion_plan import FusionPlan
 
 from . import engine_wait as EW
-from .compression import Compression, Compressor
+from .compression import Compression, is_core
 from .ops import MXHandle, _start, allreduce_async_, broadcast_async_, dtype_name
 
 __all__ = ["broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
@@ -304,7 +305,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         params: Any,
         optimizer: Any,
         optimizer_params: Optional[dict] = None,
-        compression: type[Compressor] = Compression.none,
+        compression: Any = Compression.none,
         gradient_predivide_factor: float = 1.0,
         prefix: Optional[str] = None,
         num_groups: int = 0,
@@ -340,7 +341,17 @@ class DistributedTrainer(mx.gluon.Trainer):
             kvstore=None,
             update_on_kvstore=False,
         )
-        self._fastps_compression = compression
+        # Compression.none takes FASTPS_COMPRESSION's choice (docs/compression.md).
+        if compression in (None, Compression.none) and _api.is_initialized():
+            compression = default_compressor(_api._st().cfg) or Compression.none
+        if is_core(compression) and rop == ReduceOp.ADASUM:
+            raise FastPSError(
+                f"DistributedTrainer: the core's compressors ({compression!r}) apply to "
+                "op=Average only"
+            )
+        self._fastps_compression: Any = compression
+        # A core compressor travels with each gradient to the core; a cast runs here.
+        self._fastps_core_compression = compression if is_core(compression) else None
         self._fastps_predivide = float(gradient_predivide_factor)
         self._fastps_prefix = (
             _default_prefix("DistributedTrainer", _trainers) if prefix is None else prefix
@@ -432,7 +443,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i, param, grad in self._local_grads():
             if f != 1.0:
                 grad *= 1.0 / f
-            sent, ctx = self._fastps_compression.compress(grad)
+            core = self._fastps_core_compression
+            sent, ctx = (grad, None) if core else self._fastps_compression.compress(grad)
             name = f"{self._fastps_prefix}grad.{i}"
             # A gradient that backward wrote this step has no reader left from the last
             # step (the engine ran those before that write): waiting for the write is
@@ -448,6 +460,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                         self._fastps_priority[i],
                         f / _api.size(),
                         out_wait="read" if fresh else "write",
+                        compression=core,
                     )
                 else:  # a subset of the ranks: through the collective layer
                     handle = allreduce_async_(
@@ -457,13 +470,16 @@ class DistributedTrainer(mx.gluon.Trainer):
                         postscale_factor=f,
                         process_set=ps,
                         op=ReduceOp.AVERAGE,
+                        compression=core,
                     )
             except FastPSError as exc:
                 raise FastPSError(f"parameter '{param.name}': {exc}") from None
             pending.append((i, handle, sent, ctx, grad))
             if fuse:
                 nbytes = int(np.prod(sent.shape, dtype=np.int64)) * np.dtype(sent.dtype).itemsize
-                rows.append((name, nbytes, dtype_name(sent), self._fastps_priority[i]))
+                # Compressed gradients travel alone (a fused bucket is one plain tensor).
+                if not (core and core.spec_for(name, nbytes, dtype_name(sent))):
+                    rows.append((name, nbytes, dtype_name(sent), self._fastps_priority[i]))
         # Every gradient of the step has started: the plan (set again only when the
         # gradients change) fuses the small ones from the next step on, on every worker
         # after the same pushes.

@@ -10,6 +10,10 @@ tests/test_compression.py as N workers against real servers. Modes:
 * ``ef``: a fixed sequence of gradients with a common drift; with error feedback the
   accumulated result converges to the accumulated true sum (the relative error shrinks
   and ends small after 150 rounds) while top-k without it loses most of it.
+* ``momentum``: top-k with momentum correction (Lin et al. 2018) over a fixed sequence
+  equals a numpy reference of both ends round by round: each worker's velocity
+  u = m u + x accumulated into its residual, the top k of that sent, both masked where
+  sent; the server's sum with error feedback, its top k answered.
 * ``mismatch_server``: two workers push one tensor with different compressors past the
   scheduler's check (declare=False): the servers fail that op on both, naming both
   settings, and the next op works.
@@ -181,6 +185,42 @@ def check_ef(rank: int, size: int) -> None:
             assert rel > 0.5, f"top-k without error feedback kept too much ({rel})"
 
 
+def topk_sent(spec: str, v: np.ndarray):
+    """(decoded values, sent indices) of the core's top-k of v."""
+    data = _core.compress(spec, v.ctypes.data, v.size, 0)
+    out = np.empty_like(v)
+    _core.decompress(data, v.size, out.ctypes.data)
+    k = (len(data) - 24) // 8
+    return out, np.frombuffer(data[24 : 24 + 4 * k], dtype=np.uint32)
+
+
+def check_momentum(rank: int, size: int) -> None:
+    n, rounds, m = 10_000, 12, np.float32(0.9)  # one part (FASTPS_PARTITION_BYTES=64K)
+    comp = Compression.topk(0.05, error_feedback=True, momentum=0.9)
+    assert comp.spec == "topk:0.05:ef:momentum=0.9", comp.spec
+    u = [np.zeros(n, np.float32) for _ in range(size)]
+    v = [np.zeros(n, np.float32) for _ in range(size)]
+    server = np.zeros(n, np.float32)
+    for t in range(rounds):
+        xs = [
+            np.random.default_rng(50 * t + r).standard_normal(n).astype(np.float32)
+            for r in range(size)
+        ]
+        total = np.zeros(n, np.float32)
+        for r in range(size):
+            u[r] = m * u[r] + xs[r]
+            v[r] = v[r] + u[r]
+            sent, idx = topk_sent("topk:0.05", v[r])
+            v[r][idx] = 0
+            u[r][idx] = 0  # momentum factor masking
+            total = total + sent
+        server = server + total
+        want, idx = topk_sent("topk:0.05", server)
+        server[idx] = 0
+        got = fastps.push_pull(xs[rank], average=False, name="momentum", compression=comp)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"round {t}")
+
+
 def check_mismatch_server(rank: int, size: int) -> None:
     x = np.ones(30_000, dtype=np.float32)
     comp = Compression.topk(0.01) if rank == 0 else Compression.onebit(error_feedback=True)
@@ -219,6 +259,7 @@ def main() -> None:
     {
         "sum": check_sum,
         "ef": check_ef,
+        "momentum": check_momentum,
         "mismatch_server": check_mismatch_server,
         "mismatch_declared": check_mismatch_declared,
         "wire": check_wire,
