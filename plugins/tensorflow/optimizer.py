@@ -191,6 +191,13 @@ def DistributedOptimizer(
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
     if async_requested(kwargs, current_mode()):
+        if make_class is _keras2_class:
+            # The async class replaces Keras 3's apply, which Keras 2 never calls: every
+            # worker would silently train alone.
+            raise ValueError(
+                f"DistributedOptimizer(async=True) needs a Keras 3 optimizer; "
+                f"{type(optimizer).__name__} is a Keras 2 (tf_keras) one"
+            )
         return make_async_optimizer(optimizer, name)
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:

@@ -63,6 +63,12 @@ def main() -> None:
         assert "Keras 2" in str(exc), exc
     else:
         raise AssertionError("a non-optimizer must be refused")
+    try:
+        hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **{"async": True})
+    except ValueError as exc:
+        assert "Keras 2" in str(exc) and "SGD" in str(exc), exc
+    else:
+        raise AssertionError("async with a Keras 2 optimizer must be refused")
     print(f"rank {r} OK", flush=True)
     hvd.shutdown()
 
