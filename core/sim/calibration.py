@@ -34,7 +34,7 @@ from .pushpull import CommOptions
 from .training import TrainOptions, communicate, train
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "rack-results"
-REPEATED = RESULTS / "sim-validation"
+REPEATED = RESULTS / "sim-validation-quiet"
 
 
 @dataclass
