@@ -24,11 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,11 +51,13 @@ def child(args: argparse.Namespace) -> None:
     grads = [np.empty(count, dtype=np.float32) for _, count in sizes]
     order = list(reversed(range(len(grads))))  # backward order: last layer first
     times: List[float] = []
+    spans: List[List[float]] = []  # wall-clock [start, end] of each timed iteration
     bad = 0
     for it in range(args.warmup + args.iters):
         for g in grads:
             g.fill(rank + 1)
         fastps.barrier()
+        w0 = time.time()
         t0 = time.perf_counter()
         handles = fastps.grouped_push_pull_async(
             [grads[i] for i in order],
@@ -69,13 +72,86 @@ def child(args: argparse.Namespace) -> None:
         bad += sum(int(not np.all(g == want)) for g in grads)
         if it >= args.warmup:
             times.append(dt)
-    rc.emit_result({"times": times, "bad": bad, "rank": rank, "n": n}, rank)
+            spans.append([w0, w0 + dt])
+    rc.emit_result({"times": times, "spans": spans, "bad": bad, "rank": rank, "n": n}, rank)
     fastps.barrier()
     fastps.shutdown()
 
 
+def start_linkstats(rack: Any, args: argparse.Namespace, mode: str) -> List[Tuple[Any, Path]]:
+    """With --linkstats DIR: one sampler per rack switch (benchmarks/rack/linkstat.py),
+    which sees that rack's host links and its uplink."""
+    if not args.linkstats:
+        return []
+    args.linkstats.mkdir(parents=True, exist_ok=True)
+    samplers = []
+    for k in range(args.racks):
+        out = args.linkstats / f"{mode}-r{k}.csv"
+        cmd = ["ip", "netns", "exec", f"{rack.prefix}-s{k}", sys.executable, "-m"]
+        cmd += ["benchmarks.rack.linkstat", "--out", str(out), "--interval-ms", "20"]
+        cmd += ["--seconds", str(args.timeout)]
+        samplers.append((subprocess.Popen(cmd, cwd=str(rc.REPO)), out))
+    return samplers
+
+
+def stop_linkstats(samplers: List[Tuple[Any, Path]]) -> None:
+    for proc, _ in samplers:
+        proc.terminate()
+    for proc, _ in samplers:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def counters_at(path: Path) -> Dict[str, List[Tuple[float, int, int]]]:
+    """{device: [(t, switch rx, switch tx)]} of one sampler's file."""
+    import csv
+
+    out: Dict[str, List[Tuple[float, int, int]]] = {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            out.setdefault(row["host"], []).append(
+                (float(row["t"]), int(row["rx_bytes"]), int(row["tx_bytes"]))
+            )
+    return out
+
+
+def link_report(
+    files: List[Path],
+    spans: List[Tuple[float, float]],
+    model_bytes: float,
+    args: argparse.Namespace,
+) -> None:
+    """Bytes each link moved per timed iteration (in model sizes M) and how busy it was
+    (bytes over goodput x iteration time). A host's veth in its rack switch: switch rx is
+    the host's egress; the rack's `uplink` port: switch tx leaves the rack."""
+    print(f"# links per iteration (M = {model_bytes / 1e6:.2f} MB): out/in in M, busy out/in")
+    for k, path in enumerate(files):
+        for dev, pts in sorted(counters_at(path).items()):
+            rate = args.uplink if dev == "uplink" else args.rate
+            cells = []
+            for t0, t1 in spans:
+                before = [p for p in pts if p[0] <= t0]
+                after = [p for p in pts if p[0] >= t1]
+                if not before or not after:
+                    continue
+                a, b = before[-1], after[0]
+                rx, tx = b[1] - a[1], b[2] - a[2]
+                out_b, in_b = (tx, rx) if dev == "uplink" else (rx, tx)
+                cap = GOODPUT * rate * 1e6 / 8 * (b[0] - a[0])
+                cells.append(
+                    f"{out_b / model_bytes:.3f}/{in_b / model_bytes:.3f} M "
+                    f"{out_b / cap:.2f}/{in_b / cap:.2f}"
+                )
+            name = f"r{k}-uplink" if dev == "uplink" else dev
+            print(f"#   {name:<10} " + " | ".join(cells), flush=True)
+
+
 def run_mode(rack: Any, args: argparse.Namespace, mode: str, port: int) -> Dict[str, Any]:
     n = args.racks * args.hosts
+    samplers = start_linkstats(rack, args, mode)
     with tempfile.TemporaryDirectory(prefix="hier-rack-") as out:
         env = {"RACK_RESULT_DIR": out, "OMP_WAIT_POLICY": "PASSIVE", **args.env}
         if mode == "flat":
@@ -94,7 +170,10 @@ def run_mode(rack: Any, args: argparse.Namespace, mode: str, port: int) -> Dict[
             str(args.warmup),
         ]
         launch = rc.start_fastps(rack, n, 0, argv, port, extra_env=env, label=mode)
-        ok, err = rc.wait_all(rack, launch, args.timeout)
+        try:
+            ok, err = rc.wait_all(rack, launch, args.timeout)
+        finally:
+            stop_linkstats(samplers)
         if not ok:
             raise SystemExit(f"{mode} run failed: {err}")
         results = rc.read_results(Path(out))
@@ -105,6 +184,16 @@ def run_mode(rack: Any, args: argparse.Namespace, mode: str, port: int) -> Dict[
         raise SystemExit(f"{mode}: {bad} tensors summed wrong")
     # Per iteration the slowest worker; the median over iterations.
     per_iter = [max(r["times"][i] for r in results.values()) for i in range(args.iters)]
+    if samplers:
+        spans = [
+            (
+                min(r["spans"][i][0] for r in results.values()),
+                max(r["spans"][i][1] for r in results.values()),
+            )
+            for i in range(args.iters)
+        ]
+        model_bytes = 4 * sum(c for _, c in rc.gradient_sizes(args.model, args.scale))
+        link_report([path for _, path in samplers], spans, model_bytes, args)
     return {"mode": mode, "seconds": statistics.median(per_iter), "iters": per_iter}
 
 
@@ -121,8 +210,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--modes", nargs="+", default=["hier", "flat"], choices=["hier", "flat"])
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--port", type=int, default=29650)
-    p.add_argument("--prefix", default="fpsh")
+    p.add_argument(
+        "--port", "--base-port", type=int, default=29650, help="scheduler port (+1 per scheme)"
+    )
+    p.add_argument("--prefix", default="fpsh", help="namespace prefix of the emulated racks")
+    p.add_argument(
+        "--linkstats",
+        type=Path,
+        default=None,
+        help="DIR: sample every link (20 ms) and print bytes and busy fraction per iteration",
+    )
     p.add_argument(
         "--env", nargs="*", default=[], help="KEY=VALUE for every process of both schemes"
     )

@@ -211,7 +211,8 @@ def _rerouting_worker(
 
     def build(servers: List[Dict[str, Any]], epoch: int) -> Any:
         m = Membership.from_message({"workers": workers, "servers": servers})
-        rates, _ = placement.membership_pacing(m, link, False)
+        # Its cores push flat (not through rack relays): rack pacing would not fit them.
+        rates, _ = placement.membership_pacing(m, link, False, rack_routes=False)
         opts = worker_options(
             core_cfg,
             [w.hostname for w in m.workers] + [s.hostname for s in m.servers],

@@ -235,12 +235,18 @@ def membership_weights(membership: Any) -> List[float]:
     return server_weights(workers, spots, bandwidths, default)
 
 
-def membership_pacing(membership: Any, link_mbit: float, local_reduce: bool) -> tuple:
-    """pacing_plan for a job's membership: workers by rank, servers by id. Unpaced under
-    the rack hierarchy: the plan splits host links by flat flows, which relays replace."""
+def membership_pacing(
+    membership: Any, link_mbit: float, local_reduce: bool, rack_routes: bool = True
+) -> tuple:
+    """pacing_plan for a job's membership: workers by rank, servers by id. Under the rack
+    hierarchy: rack_pacing_plan's worker and server rates, or unpaced for a worker that
+    pushes flat although the job names racks (``rack_routes`` False: elastic servers)."""
     workers = sorted(membership.workers, key=lambda w: w.rank)
     servers = sorted(membership.servers, key=lambda s: s.id)
     if len({getattr(w, "rack", "") for w in workers}) > 1:
+        rack = membership_rack_pacing(membership, link_mbit, local_reduce)
+        if rack is not None and rack_routes:
+            return rack.worker_rates, rack.server_rates
         link_mbit = 0.0
     return pacing_plan(
         [w.hostname for w in workers],
@@ -472,4 +478,111 @@ def membership_rack_plan(membership: Any, shm: bool) -> Optional[RackPlan]:
         [w.rack for w in workers],
         [w.hostname if shm else f"rank {w.rank}" for w in workers],
         [s.rack for s in servers],
+    )
+
+
+@dataclass(frozen=True)
+class RackPacing:
+    """Rate caps (bytes/s) of every flow under the rack hierarchy; 0: unpaced.
+
+    ``worker_rates[rank][s]``: worker ``rank``'s pushes to server s (owned and relayed
+    parts alike). ``server_rates[s][rank]``: server s's answers to that worker.
+    ``relay_rates[v][g]``: relay v's rack sums up to owner g. ``relay_answer_rates[g][v]``:
+    owner g's answers to relay v. Answers and relayed sums carry ANSWER_HEADROOM: both
+    can only go once a sum is complete, so what fell behind must be able to catch up.
+    """
+
+    worker_rates: List[List[float]]
+    server_rates: List[List[float]]
+    relay_rates: List[List[float]]
+    relay_answer_rates: List[List[float]]
+
+
+def rack_pacing_plan(
+    worker_hosts: Sequence[str],
+    server_hosts: Sequence[str],
+    weights: Sequence[float],
+    plan: RackPlan,
+    link_mbit: float,
+    bandwidths: Optional[Mapping[str, float]] = None,
+    local_reduce: bool = True,
+) -> RackPacing:
+    """pacing_plan for the routes of the rack hierarchy: each host's link is split among
+    the flows leaving it in proportion to the bytes each carries per model byte.
+
+    Worker r pushes ``weights[g] / L`` of every owner g to ``plan.relay_via[r][g]`` (L as
+    in pacing_plan), which answers the same; a relay v sends ``weights[g]`` up to each
+    owner g it relays for, and g answers v the same. Without this the host's link is
+    shared per connection by TCP: the in-rack flows (each a quarter of the model on
+    4-host racks) and the relay's flows (an eighth) would get equal rates.
+    """
+    nw, ns = len(worker_hosts), len(server_hosts)
+    rates = RackPacing(
+        worker_rates=[[0.0] * ns for _ in range(nw)],
+        server_rates=[[0.0] * nw for _ in range(ns)],
+        relay_rates=[[0.0] * ns for _ in range(ns)],
+        relay_answer_rates=[[0.0] * ns for _ in range(ns)],
+    )
+    if link_mbit <= 0:
+        return rates
+    per_host: Dict[str, int] = {}
+    for h in worker_hosts:
+        per_host[h] = per_host.get(h, 0) + 1
+    push = [[0.0] * ns for _ in range(nw)]  # worker r -> server v, per model byte
+    relay = [[0.0] * ns for _ in range(ns)]  # relay v -> owner g, per model byte
+    egress: Dict[str, float] = {}
+
+    def add(host: str, b: float) -> None:
+        egress[host] = egress.get(host, 0.0) + b
+
+    for r, wh in enumerate(worker_hosts):
+        for g in range(ns):
+            v = plan.relay_via[r][g]
+            if server_hosts[v] != wh:
+                push[r][v] += weights[g] / (per_host[wh] if local_reduce else 1)
+            if v != g:
+                relay[v][g] = weights[g]  # the same for every worker of v's rack
+    for r, wh in enumerate(worker_hosts):
+        for v, b in enumerate(push[r]):
+            add(wh, b)  # the push
+            add(server_hosts[v], b)  # its answer
+    for v in range(ns):
+        for g, b in enumerate(relay[v]):
+            add(server_hosts[v], b)  # the rack sum up
+            add(server_hosts[g], b)  # the owner's answer down
+    bw = dict(bandwidths or {})
+
+    def rate(host: str, b: float) -> float:
+        mbit = bw.get(host, link_mbit)
+        return mbit * 1e6 / 8 * b / egress[host] if b > 0 else 0.0
+
+    for r, wh in enumerate(worker_hosts):
+        for v in range(ns):
+            rates.worker_rates[r][v] = rate(wh, push[r][v])
+            rates.server_rates[v][r] = ANSWER_HEADROOM * rate(server_hosts[v], push[r][v])
+    for v in range(ns):
+        for g in range(ns):
+            rates.relay_rates[v][g] = ANSWER_HEADROOM * rate(server_hosts[v], relay[v][g])
+            rates.relay_answer_rates[g][v] = ANSWER_HEADROOM * rate(server_hosts[g], relay[v][g])
+    return rates
+
+
+def membership_rack_pacing(
+    membership: Any, link_mbit: float, local_reduce: bool
+) -> Optional[RackPacing]:
+    """rack_pacing_plan for a job's membership (workers by rank, servers by position), or
+    None when the job is flat."""
+    plan = membership_rack_plan(membership, local_reduce)
+    if plan is None:
+        return None
+    workers = sorted(membership.workers, key=lambda w: w.rank)
+    servers = [s for s in sorted(membership.servers, key=lambda s: s.id) if s.addr]
+    return rack_pacing_plan(
+        [w.hostname for w in workers],
+        [s.hostname for s in servers],
+        membership_weights(membership),
+        plan,
+        link_mbit,
+        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+        local_reduce,
     )

@@ -146,6 +146,7 @@ def run_server(
             ids = sorted(s.id for s in membership.servers)
             mine = server_rates[ids.index(cfg.server_id)]
             srv.set_pacing([r / cfg.conns_per_server for r in mine])
+            _set_rack_pacing(srv, cfg, membership, link)
         rec = timeline_recorder.active()
         if rec is not None:
             rec.set_clock(client.clock_offset())
@@ -190,6 +191,35 @@ def _set_rack_route(srv: Any, cfg: Config, membership: Any) -> None:
         len(servers),
         plan.relay_rank[cfg.rack],
     )
+
+
+def _set_rack_pacing(srv: Any, cfg: Config, membership: Any, link_mbit: float) -> None:
+    """Under the rack hierarchy: the rates of this server's flows to and from the other
+    racks' servers (its rack sums up, its answers to their relays)."""
+    rates = placement.membership_rack_pacing(membership, link_mbit, cfg.shm)
+    if rates is None or not hasattr(srv, "set_rack_pacing"):
+        return
+    ids = [s.id for s in sorted(membership.servers, key=lambda s: s.id) if s.addr]
+    if cfg.server_id not in ids:
+        return
+    me = ids.index(cfg.server_id)
+    # The owner knows a relay by the relaying server's id (its connection says so).
+    by_id = [0.0] * (max(ids) + 1)
+    for pos, sid in enumerate(ids):
+        by_id[sid] = rates.relay_answer_rates[me][pos]
+    srv.set_rack_pacing(by_id, rates.relay_rates[me])
+    log.info(
+        "server %d: rack pacing at %.0f Mbit/s: sums up %s, answers to relays %s Mbit/s",
+        cfg.server_id,
+        link_mbit,
+        _mbit_list(rates.relay_rates[me]),
+        _mbit_list(by_id),
+    )
+
+
+def _mbit_list(rates: Any) -> str:
+    """The paced rates of a row in Mbit/s, for a log line."""
+    return ", ".join(f"{r * 8 / 1e6:.1f}" for r in rates if r > 0) or "none"
 
 
 def _start_timeline(cfg: Config) -> None:

@@ -317,3 +317,59 @@ def test_bounds_for_two_racks_of_four_behind_4_to_1_uplinks() -> None:
 def test_rack_weights_split_each_racks_share_over_its_servers() -> None:
     w = placement.rack_server_weights(["a", "b"], ["a", "a", "b", "x"])
     assert w == pytest.approx([0.25, 0.25, 0.5, 0.0])  # rack x has no workers
+
+
+def _rack_egress(worker_hosts, server_hosts, rates):
+    """Bytes/s leaving each host under a rack pacing plan, headroom taken off."""
+    out: dict = {}
+
+    def add(host: str, r: float) -> None:
+        out[host] = out.get(host, 0.0) + r
+
+    for r, wh in enumerate(worker_hosts):
+        for s, sh in enumerate(server_hosts):
+            add(wh, rates.worker_rates[r][s])
+            add(sh, rates.server_rates[s][r] / ANSWER_HEADROOM)
+    for v, vh in enumerate(server_hosts):
+        for g, gh in enumerate(server_hosts):
+            add(vh, rates.relay_rates[v][g] / ANSWER_HEADROOM)
+            add(gh, rates.relay_answer_rates[g][v] / ANSWER_HEADROOM)
+    return out
+
+
+def test_rack_pacing_splits_each_link_by_the_hierarchys_bytes() -> None:
+    # 2 racks x 4 hosts, a worker and a server on each: out of a host go 3 pushes and 3
+    # answers of 1/4 of the model (own share + relayed share) and one rack sum up and one
+    # answer to the other rack's relay of 1/8: 1.75 M sharing the link in that ratio.
+    racks = [f"r{i // 4}" for i in range(8)]
+    hosts = [f"h{i}" for i in range(8)]
+    plan = placement.rack_plan(racks, hosts, racks)
+    weights = placement.rack_server_weights(racks, racks)
+    rates = placement.rack_pacing_plan(hosts, hosts, weights, plan, 700.0)
+    mbit = lambda r: round(r * 8 / 1e6, 6)  # noqa: E731
+    assert [mbit(r) for r in rates.worker_rates[0]] == [0, 100, 100, 100, 0, 0, 0, 0]
+    assert [mbit(r) for r in rates.server_rates[5]] == [0] * 4 + [150, 0, 150, 150]
+    # Server 1 relays rack r0's sums for owner 5 (index 1 in its rack), which answers it.
+    assert [mbit(r) for r in rates.relay_rates[1]] == [0] * 5 + [50 * ANSWER_HEADROOM, 0, 0]
+    assert [mbit(r) for r in rates.relay_answer_rates[5]] == [0, 50 * ANSWER_HEADROOM] + [0] * 6
+    for host, rate in _rack_egress(hosts, hosts, rates).items():
+        assert rate == pytest.approx(700e6 / 8), host
+    # No stated link: nothing paced.
+    unpaced = placement.rack_pacing_plan(hosts, hosts, weights, plan, 0.0)
+    assert not any(r for m in (unpaced.worker_rates, unpaced.relay_rates) for row in m for r in row)
+
+
+def test_rack_pacing_with_local_reduce_and_a_rack_without_servers() -> None:
+    # Rack a: hosts h0 (two workers, reducing locally) and h1; rack b: h2; rack c: h3 with
+    # no server, whose worker pushes straight to the owners across its uplink.
+    wracks, whosts = ["a", "a", "a", "b", "c"], ["h0", "h0", "h1", "h2", "h3"]
+    sracks, shosts = ["a", "a", "b"], ["h0", "h1", "h2"]
+    plan = placement.rack_plan(wracks, whosts, sracks)
+    weights = placement.rack_server_weights(wracks, sracks)
+    rates = placement.rack_pacing_plan(whosts, shosts, weights, plan, 1000.0)
+    for host, rate in _rack_egress(whosts, shosts, rates).items():
+        assert rate == pytest.approx(1000e6 / 8), host
+    # h0's two workers each push half of what h0 sends to h1; h3 pushes to every owner.
+    assert rates.worker_rates[0][1] == rates.worker_rates[1][1] > 0
+    assert all(r > 0 for r in rates.worker_rates[4])
+    assert rates.relay_rates[2][0] > 0 and rates.relay_rates[0][2] > 0

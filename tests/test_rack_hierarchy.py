@@ -5,6 +5,7 @@ owner; the owner answers once per rack and the relay fans the answer out."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -50,7 +51,14 @@ def test_hierarchical_sums_are_exact(layout: str) -> None:
         len(whosts),
         len(shosts),
         [RACK_WORKER, "sum"],
-        env={"FASTPS_SHM": shm, "FASTPS_PARTITION_BYTES": "64K", "FASTPS_LOG_LEVEL": "info"},
+        # A stated link paces every flow by the hierarchy's bytes (placement.rack_pacing_plan);
+        # at 10 Gbit/s that holds nothing back on loopback.
+        env={
+            "FASTPS_SHM": shm,
+            "FASTPS_PARTITION_BYTES": "64K",
+            "FASTPS_LOG_LEVEL": "info",
+            "FASTPS_LINK_MBIT": "10000",
+        },
         worker_hosts=whosts,
         server_hosts=shosts,
         worker_racks=wracks,
@@ -69,6 +77,15 @@ def test_hierarchical_sums_are_exact(layout: str) -> None:
                 f"rack '{rack}' relays to {len(shosts)} owners as worker {relay_ranks[rack]}"
                 in (out.replace('"', "'"))
             ), job.dump()
+        # Every owner answers the other racks' relays, and each rack relays its sums up,
+        # all paced by their bytes.
+        paced = {}
+        for s, rack in enumerate(sracks):
+            out = job.proc("server", s).output
+            m = re.search(r"at 10000 Mbit/s: sums up (.+), answers to relays (.+) Mbit", out)
+            assert m and m.group(2) != "none", job.dump()
+            paced[rack] = paced.get(rack, False) or m.group(1) != "none"
+        assert all(paced.values()), (paced, job.dump())
 
 
 def test_a_process_without_a_rack_is_refused_by_name() -> None:

@@ -231,6 +231,8 @@ PYBIND11_MODULE(_core, m) {
       .def("late_pushes", &Server::late_pushes)
       .def("refused_connections", &Server::refused_connections)
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
+      .def("set_rack_pacing", &Server::set_rack_pacing, py::arg("answers_by_relay_id"),
+           py::arg("up_by_owner"))
       .def("set_rack_route", &Server::set_rack_route, py::arg("owners"), py::arg("owner_ids"),
            py::arg("rank"), py::arg("rack"), py::call_guard<py::gil_scoped_release>());
 

@@ -9,6 +9,7 @@
 #include "protocol/messages.h"
 #include "transport/handshake.h"
 #include "transport/link.h"
+#include "transport/socket.h"
 
 namespace fastps {
 
@@ -38,6 +39,13 @@ void RackRelay::configure(RackRoute route) {
 bool RackRelay::configured() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !route_.owners.empty();
+}
+
+void RackRelay::set_pacing(std::vector<double> per_owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pacing_ = std::move(per_owner);
+  for (size_t i = 0; i < conns_.size() && i < pacing_.size(); ++i)
+    if (conns_[i]) set_pacing_rate(conns_[i]->fd(), pacing_[i]);
 }
 
 void RackRelay::stop() {
@@ -103,6 +111,7 @@ std::shared_ptr<Connection> RackRelay::link_to(uint32_t owner_id, std::string* w
     *why = e.what();
     return nullptr;
   }
+  if (pos < pacing_.size() && pacing_[pos] > 0) set_pacing_rate(fd, pacing_[pos]);
   if (!loop_) {
     loop_ = std::make_unique<EventLoop>("rack-relay");
     loop_->start();

@@ -41,6 +41,9 @@ class RackRelay : public FrameHandler {
   ~RackRelay() override;
   void configure(RackRoute route);
   bool configured() const;
+  // Caps the rate of the rack sums to each owner (bytes/s by owner position, 0: unpaced),
+  // on open links and on those made later.
+  void set_pacing(std::vector<double> per_owner);
   uint32_t rank() const {
     std::lock_guard<std::mutex> lock(mu_);
     return route_.rank;
@@ -72,6 +75,7 @@ class RackRelay : public FrameHandler {
   // Sums sent to each owner and not answered yet: an uplink that closes with none
   // outstanding (the owner shut down first) is no failure until something needs it.
   std::vector<uint64_t> outstanding_;
+  std::vector<double> pacing_;  // bytes/s by owner position
   std::unique_ptr<EventLoop> loop_;
   bool stopping_ = false;
 };

@@ -164,8 +164,8 @@ void Server::admit(int fd, const Peer& peer) {
   auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Pacing is per worker; a rack's relay carries that whole rack's sums.
-    if (!relay && peer.rank < pacing_.size()) set_pacing_rate(fd, pacing_[peer.rank]);
+    // Pacing is per worker; a rack's relay carries that whole rack's sums at its own rate.
+    if (!pacing_.empty() || !relay_pacing_.empty()) set_pacing_rate(fd, pacing_of(peer));
     conns_.push_back(conn);
   }
   loops_[next_loop_++ % loops_.size()]->add(conn);
@@ -173,14 +173,29 @@ void Server::admit(int fd, const Peer& peer) {
                       << peer.conn_index);
 }
 
+double Server::pacing_of(const Peer& peer) const {
+  if (peer.conn_index & kRelayConnBit) {
+    uint32_t id = peer.conn_index & ~kRelayConnBit;
+    return id < relay_pacing_.size() ? relay_pacing_[id] : 0.0;
+  }
+  return peer.rank < pacing_.size() ? pacing_[peer.rank] : 0.0;
+}
+
 void Server::set_pacing(std::vector<double> per_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   pacing_ = std::move(per_rank);
-  for (auto& c : conns_) {
-    uint32_t r = c->peer().rank;
-    if (c->peer().conn_index & kRelayConnBit) continue;
-    set_pacing_rate(c->fd(), r < pacing_.size() ? pacing_[r] : 0.0);
-  }
+  for (auto& c : conns_)
+    if (!(c->peer().conn_index & kRelayConnBit)) set_pacing_rate(c->fd(), pacing_of(c->peer()));
+}
+
+void Server::set_rack_pacing(std::vector<double> answers_by_relay_id,
+                             std::vector<double> up_by_owner) {
+  if (!relay_) throw std::logic_error("set_rack_pacing before start");
+  relay_->set_pacing(std::move(up_by_owner));
+  std::lock_guard<std::mutex> lock(mu_);
+  relay_pacing_ = std::move(answers_by_relay_id);
+  for (auto& c : conns_)
+    if (c->peer().conn_index & kRelayConnBit) set_pacing_rate(c->fd(), pacing_of(c->peer()));
 }
 
 void Server::set_rack_route(std::vector<std::string> owners, std::vector<uint32_t> owner_ids,

@@ -35,6 +35,9 @@ class Server : public FrameHandler, public SlotSpace {
   // Caps the rate of the answers to each worker rank, bytes/s per rank (0:
   // unpaced); applies to open connections and to those accepted later.
   void set_pacing(std::vector<double> per_rank);
+  // Rack-level hierarchy: caps the answers to other racks' relays (bytes/s by the relaying
+  // server's id) and this server's rack sums up to each owner (by owner position).
+  void set_rack_pacing(std::vector<double> answers_by_relay_id, std::vector<double> up_by_owner);
   // Rack-level hierarchy (server/rack_relay.h): every server's address and id, and the
   // worker rank this server's rack sums are pushed as. Set once, after start().
   void set_rack_route(std::vector<std::string> owners, std::vector<uint32_t> owner_ids,
@@ -72,6 +75,9 @@ class Server : public FrameHandler, public SlotSpace {
   std::string error_;
   int next_loop_ = 0;
   std::vector<double> pacing_;  // bytes/s per worker rank, guarded by mu_
+  std::vector<double> relay_pacing_;  // bytes/s per relaying server id, guarded by mu_
+  // The pacing of a connection from its peer (mu_ held).
+  double pacing_of(const Peer& peer) const;
 };
 
 }  // namespace fastps
