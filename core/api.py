@@ -151,6 +151,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             local_ranks=local_ranks,
             local_servers=local_servers,
             num_hosts=num_hosts,
+            racks=rack_plan is not None,
         )
         if rack_plan is not None:
             opts.relay_via = rack_plan.relay_via[cfg.rank]
@@ -252,15 +253,17 @@ def worker_options(
     local_ranks: Sequence[int] = (),
     local_servers: Sequence[bool] = (),
     num_hosts: int = 0,
+    racks: bool = False,
 ) -> _core_types.WorkerOptions:
     """The C++ worker's options: settings from ``cfg`` (the one place defaults live), the
-    rest from the membership. ``hosts``: every process's host name, for the part size."""
+    rest from the membership. ``hosts``: every process's host name, and ``racks``: whether
+    the job runs the rack hierarchy, for the part size."""
     opts = _core().WorkerOptions()
     opts.rank = cfg.rank
     opts.num_workers = cfg.num_workers
     opts.job_id = cfg.job_id
     opts.token = cfg.token
-    opts.partition_bytes, opts.credit_bytes = cfg.part_sizes(hosts)
+    opts.partition_bytes, opts.credit_bytes = cfg.part_sizes(hosts, racks)
     opts.window_bytes = cfg.window_bytes
     opts.fusion_threshold = cfg.fusion_threshold
     opts.notsent_lowat = cfg.notsent_lowat

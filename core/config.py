@@ -48,6 +48,11 @@ GiB = 1024 * MiB
 # None: chosen at init.
 LOCAL_PARTITION_BYTES = 1 * MiB
 NETWORK_PARTITION_BYTES = 256 * KiB
+# Under the rack hierarchy a relayed part is stored and forwarded four times (push, rack sum
+# up, owner's answer, fan-out) before its pushers hear back, each hop a whole part: smaller
+# parts keep the stages overlapped. 2 racks x 4 hosts at 50 Mbit/s: 256 KiB parts reached
+# 0.87 of the bound, 128 KiB 0.92, 64 KiB 0.94, 32 KiB 0.96 (docs/benchmarks.md §20).
+RACK_PARTITION_BYTES = 64 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 # Tensor fusion (csrc/worker/fusion.h): gradients smaller than this travel packed with their
 # neighbours in the priority order, in buckets of at most this size (and at most one part),
@@ -508,14 +513,17 @@ class Config:
             staleness=staleness,
         )
 
-    def part_sizes(self, hostnames: Sequence[str]) -> Tuple[int, int]:
+    def part_sizes(self, hostnames: Sequence[str], racks: bool = False) -> Tuple[int, int]:
         """(partition, credit) bytes for a job whose workers and servers run on these hosts.
 
-        Set values win; otherwise LOCAL_PARTITION_BYTES when all are on one host, else
+        Set values win; otherwise LOCAL_PARTITION_BYTES when all are on one host,
+        RACK_PARTITION_BYTES under the rack hierarchy (``racks``), else
         NETWORK_PARTITION_BYTES. The credit defaults to the partition size. Every worker
         sees the same membership, so every worker cuts tensors the same way.
         """
         auto = LOCAL_PARTITION_BYTES if len(set(hostnames)) <= 1 else NETWORK_PARTITION_BYTES
+        if racks and len(set(hostnames)) > 1:
+            auto = RACK_PARTITION_BYTES
         partition = self.partition_bytes or auto
         return partition, self.credit_bytes or partition
 

@@ -176,6 +176,9 @@ def test_config_defaults() -> None:
     assert cfg.partition_bytes is None and cfg.credit_bytes is None
     assert cfg.part_sizes(["a", "a"]) == (1 << 20, 1 << 20)
     assert cfg.part_sizes(["a", "b"]) == (256 << 10, 256 << 10)
+    # The rack hierarchy's parts cross twice as many store-and-forward hops: smaller.
+    assert cfg.part_sizes(["a", "b"], racks=True) == (64 << 10, 64 << 10)
+    assert cfg.part_sizes(["a"], racks=True) == (1 << 20, 1 << 20)
     assert (cfg.window_bytes, cfg.notsent_lowat) == (1 << 20, 128 << 10)
     assert cfg.fusion_threshold == 256 << 10
     set_ = Config.from_env(
@@ -187,6 +190,7 @@ def test_config_defaults() -> None:
         }
     )
     assert set_.part_sizes(["a", "b"]) == (1 << 20, 1 << 20)
+    assert set_.part_sizes(["a", "b"], racks=True) == (1 << 20, 1 << 20)
     assert set_.window_bytes == 0 and set_.fusion_threshold == 0
     assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
     assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
