@@ -13,7 +13,9 @@ checked (each worker fills rank + 1; every element must come back n(n+1)/2).
 - flat: FASTPS_RACK is empty, every worker pushes to every owner across the uplinks.
 
 The bounds are core/placement.py's hierarchy_bound and flat_bound with the links' goodput
-(0.956 x the shaped rate, docs/rack.md). Prints a table; needs root.
+(0.956 x the shaped rate, docs/rack.md). Prints a table; needs root. ``--linkstats DIR``
+samples every host link and uplink (benchmarks/rack/linkstat.py, 20 ms) and prints each
+link's bytes per timed iteration and how busy it was.
 
     python -m benchmarks.hier_rack --racks 2 --hosts 4 --rate 100 --uplink 100 \\
         --model resnet50 --scale 0.25 --iters 3 --warmup 1

@@ -74,7 +74,7 @@ class Server : public FrameHandler, public SlotSpace {
   std::unordered_map<uint32_t, std::shared_ptr<ShmSegment>> shm_;
   std::string error_;
   int next_loop_ = 0;
-  std::vector<double> pacing_;  // bytes/s per worker rank, guarded by mu_
+  std::vector<double> pacing_;        // bytes/s per worker rank, guarded by mu_
   std::vector<double> relay_pacing_;  // bytes/s per relaying server id, guarded by mu_
   // The pacing of a connection from its peer (mu_ held).
   double pacing_of(const Peer& peer) const;
