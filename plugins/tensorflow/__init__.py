@@ -81,7 +81,7 @@ from .ops import (
     size_op,
     synchronize,
 )
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
@@ -145,6 +145,7 @@ __all__ = [
     "PartialDistributedGradientTape",
     "SyncBatchNormalization",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",

@@ -162,6 +162,7 @@ class GradientReducer:
         postscale_factor: float = 1.0,
         num_groups: int = 0,
         process_set: Any = None,
+        settings: Sequence[str] = (),
     ) -> None:
         if num_groups < 0:
             raise ValueError("num_groups must be 0 (one operation per gradient) or positive")
@@ -175,6 +176,13 @@ class GradientReducer:
         self.prescale_factor = prescale_factor
         self.postscale_factor = postscale_factor
         self.process_set = C.global_process_set if process_set is None else process_set
+        # Settings every worker must share besides the tensors (e.g. the passes per step of
+        # local aggregation): part of the group check and of the names.
+        self.settings = [str(x) for x in settings]
+
+    def _group(self, grads: Sequence[Any], variables: Sequence[Any], live: List[int]) -> E.Group:
+        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
+        return E.Group(group.keys + self.settings, group.labels + self.settings)
 
     def _direct(self) -> bool:
         return self.op in (O.Sum, O.Average) and self.process_set is C.global_process_set
@@ -205,7 +213,7 @@ class GradientReducer:
                 return grads
             return [g if g is None else g * tf.cast(factor, g.dtype) for g in grads]
 
-        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
+        group = self._group(grads, variables, live)
         names = {i: f"{self.kind}.{group.digest}.{i}" for i in live}
         what = f"the gradients reduced by {self.kind}"
         priority = {i: C.priority_for(int(forward_order[i]), n) for i in live}
@@ -283,7 +291,7 @@ class GradientReducer:
             for i in live:
                 out[i] = Arriving(None, reduced[i], None, None)
             return out
-        group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
+        group = self._group(grads, variables, live)
         E.check_same_everywhere(
             self.kind, group, f"the gradients reduced by {self.kind}", process_set=self.process_set
         )

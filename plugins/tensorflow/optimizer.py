@@ -1,11 +1,13 @@
 """DistributedOptimizer for Keras 3 (and Keras 2 ``tf_keras``) optimizers: gradients are
-averaged before every update."""
+averaged before every update (every N-th pass with local aggregation), except those of
+local variables (PartialDistributedOptimizer)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, List, Optional, Sequence, Set, Type
 
+import tensorflow as tf
 from fastps.async_mode import async_requested, current_mode
 
 from . import _engine as E
@@ -14,8 +16,9 @@ from . import ops as O
 from ._reducer import GradientReducer
 from .async_optimizer import make_async_optimizer
 from .compression import Compression, Compressor
+from .local_aggregation import LocalAggregation, check_passes
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer"]
 
 _classes: Dict[type, type] = {}
 
@@ -41,16 +44,26 @@ def _distributed_class(base: Any) -> Any:
         else:
             trainable_variables = list(trainable_variables)
             variables = trainable_variables
+        sync: OptimizerGradients = self._fastps_grads
         cb = self.__dict__.get("_fastps_cb")
         if cb is not None:
-            if E.executing_eagerly():
+            if E.executing_eagerly() and sync.plain(variables):
                 arriving = self._fastps_reducer.start_each(grads, variables)
                 if arriving is not None:
                     cb.step(arriving, variables)
                     return None
             cb.flush()
-        reduced = self._fastps_reducer.reduce(grads, variables)
-        return base.apply(self, reduced, trainable_variables)
+        if sync.aggregation is None:
+            return base.apply(self, sync.reduce(grads, variables), trainable_variables)
+        if not self.built:
+            self.build(variables)  # here, not inside the graph branch that updates
+        return sync.aggregation.step(
+            grads,
+            variables,
+            sync.reduce,
+            lambda reduced: base.apply(self, reduced, trainable_variables),
+            lambda: self._iterations.assign_add(1),
+        )
 
     def wait_for_updates(self: Any) -> None:
         """Applies every deferred cross-barrier update (before reads that bypass the Keras
@@ -76,6 +89,7 @@ def _distributed_class(base: Any) -> Any:
         (base,),
         {
             "apply": apply,
+            "register_local_var": _register_local_var,
             "wait_for_updates": wait_for_updates,
             "__setattr__": __setattr__,
             "variables": property(variables),
@@ -99,14 +113,26 @@ def _keras2_class(base: Any) -> Any:
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
-        reduced = self._fastps_reducer.reduce([g for g, _ in pairs], variables)
-        return base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs)
+        grads = [g for g, _ in pairs]
+        sync: OptimizerGradients = self._fastps_grads
+
+        def update(reduced: List[Any]) -> Any:
+            return base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs)
+
+        if sync.aggregation is None:
+            return update(sync.reduce(grads, variables))
+        with tf.init_scope():
+            iterations = self.iterations  # legacy optimizers make it on first use
+        return sync.aggregation.step(
+            grads, variables, sync.reduce, update, lambda: iterations.assign_add(1)
+        )
 
     cls = type(
         base.__name__,
         (base,),
         {
             "apply_gradients": apply_gradients,
+            "register_local_var": _register_local_var,
             "__module__": base.__module__,
             "__doc__": base.__doc__,
             "_fastps_distributed": True,
@@ -159,6 +185,14 @@ def DistributedOptimizer(
     the gradients into k groups of one start and one wait op each (fewer Python calls per
     step; see ``fastps.tensorflow._reducer``).
 
+    ``backward_passes_per_step=N`` (Horovod's local gradient aggregation): each call adds
+    its gradients to local sums and only every N-th call reduces the sums and updates (the
+    others only advance ``iterations``); ``average_aggregated_gradients=True`` divides the
+    sums by N. See ``fastps.tensorflow.local_aggregation``.
+    ``register_local_var(var)`` on the result keeps ``var``'s gradient local (model
+    parallelism), divided by the set size with ``scale_local_gradients``;
+    :func:`PartialDistributedOptimizer` does that for whole layers.
+
     ``cross_barrier=True`` (or ``FASTPS_CROSS_BARRIER=1`` when the argument is None; default
     off): when ``apply`` runs eagerly it returns before every sum is in, and each variable is
     updated when its own sum has arrived, at the latest when something reads it (the next
@@ -170,12 +204,119 @@ def DistributedOptimizer(
     docs/async.md); the reduction arguments then do not apply.
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
-    del device_dense, device_sparse, groups, scale_local_gradients, average_aggregated_gradients
-    if backward_passes_per_step != 1:
+    del device_dense, device_sparse, groups
+    return _distributed(
+        optimizer,
+        name,
+        compression,
+        sparse_as_dense,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        average_aggregated_gradients,
+        num_groups,
+        process_set,
+        scale_local_gradients,
+        cross_barrier,
+        [],
+        kwargs,
+    )
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
+    optimizer: Any,
+    name: Optional[str] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = O.Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: Any = None,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+    num_groups: int = 0,
+    cross_barrier: Optional[bool] = None,
+    **kwargs: Any,
+) -> Any:
+    """A :func:`DistributedOptimizer` whose ``local_layers`` (a Keras layer or a list of
+    them; Keras 3 or Keras 2 alike) keep their gradients local: not reduced, and divided by
+    the set size with ``scale_local_gradients`` (Horovod's ``PartialDistributedOptimizer``).
+    The layers' trainable variables are looked up at every step, so layers built later (at
+    the first call of the model) count too. Without ``local_layers`` it is a
+    DistributedOptimizer. Synchronous training only."""
+    del device_dense, device_sparse, groups  # accepted for Horovod compatibility
+    return _distributed(
+        optimizer,
+        name,
+        compression,
+        sparse_as_dense,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        average_aggregated_gradients,
+        num_groups,
+        process_set,
+        scale_local_gradients,
+        cross_barrier,
+        _layers(local_layers),
+        kwargs,
+        who="PartialDistributedOptimizer",
+    )
+
+
+def _layers(local_layers: Any) -> List[Any]:
+    """``local_layers`` as a list of Keras layers, or a ValueError naming the culprit."""
+    kinds: List[type] = []
+    import keras
+
+    kinds.append(keras.layers.Layer)
+    try:
+        import tf_keras
+
+        kinds.append(tf_keras.layers.Layer)
+    except ImportError:
+        pass
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, tuple(kinds)):
+        return [local_layers]
+    if isinstance(local_layers, (str, bytes)) or not hasattr(local_layers, "__iter__"):
         raise ValueError(
-            f"backward_passes_per_step={backward_passes_per_step}: fastps reduces every step's "
-            "gradients (local gradient aggregation is not implemented); use 1"
+            f"local_layers must be a Keras layer or a list of them, got "
+            f"{type(local_layers).__name__}"
         )
+    layers = list(local_layers)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, tuple(kinds)):
+            raise ValueError(
+                f"local_layers[{i}] is a {type(layer).__name__}; every local layer must be "
+                "a Keras layer (keras.layers.Layer, or tf_keras.layers.Layer under Keras 2)"
+            )
+    return layers
+
+
+def _distributed(
+    optimizer: Any,
+    name: Optional[str],
+    compression: Type[Compressor],
+    sparse_as_dense: bool,
+    backward_passes_per_step: Any,
+    op: Any,
+    gradient_predivide_factor: float,
+    average_aggregated_gradients: bool,
+    num_groups: int,
+    process_set: Any,
+    scale_local_gradients: bool,
+    cross_barrier: Optional[bool],
+    local_layers: List[Any],
+    kwargs: Dict[str, Any],
+    who: str = "DistributedOptimizer",
+) -> Any:
+    passes = check_passes(backward_passes_per_step)
     import keras
 
     if isinstance(optimizer, keras.optimizers.Optimizer):
@@ -184,20 +325,27 @@ def DistributedOptimizer(
         make_class = _keras2_class
     else:
         raise TypeError(
-            f"DistributedOptimizer wraps Keras 3 optimizers (keras.optimizers.Optimizer) and "
+            f"{who} wraps Keras 3 optimizers (keras.optimizers.Optimizer) and "
             f"Keras 2 ones (tf_keras.optimizers, current or legacy); got "
             f"{type(optimizer).__name__}. For custom loops use DistributedGradientTape."
         )
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
-    if async_requested(kwargs, current_mode()):
+    if async_requested(kwargs, current_mode(), who):
         if make_class is _keras2_class:
             # The async class replaces Keras 3's apply, which Keras 2 never calls: every
             # worker would silently train alone.
             raise ValueError(
-                f"DistributedOptimizer(async=True) needs a Keras 3 optimizer; "
+                f"{who}(async=True) needs a Keras 3 optimizer; "
                 f"{type(optimizer).__name__} is a Keras 2 (tf_keras) one"
             )
+        if passes != 1:
+            raise ValueError(
+                f"{who}(async=True) takes no backward_passes_per_step (got {passes}): "
+                "asynchronous workers push every step's delta"
+            )
+        if local_layers:
+            raise ValueError(f"{who}(async=True) cannot keep local_layers local")
         return make_async_optimizer(optimizer, name)
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:
@@ -216,22 +364,106 @@ def DistributedOptimizer(
         postscale_factor=gradient_predivide_factor,
         num_groups=num_groups,
         process_set=process_set,
+        settings=[f"backward_passes_per_step={passes}"] if passes > 1 else [],
     )
-    # Bypass attribute tracking: the reducer holds no TensorFlow state.
+    aggregation = (
+        LocalAggregation(passes, average_aggregated_gradients, sparse_as_dense)
+        if passes > 1
+        else None
+    )
+    grads = OptimizerGradients(reducer, scale_local_gradients, process_set, aggregation)
+    for layer in local_layers:
+        grads.add_local_layer(layer)
+    # Bypass attribute tracking: neither holds state Keras should save.
     object.__setattr__(new, "_fastps_reducer", reducer)
+    object.__setattr__(new, "_fastps_grads", grads)
+    object.__setattr__(new, "_agg_helper", aggregation)  # Horovod's name (its tests read it)
     cb = None
     if _cross_barrier_asked(cross_barrier):
-        why = CB.coupling(new, type(optimizer))
+        if make_class is _keras2_class:
+            why: Optional[str] = "a Keras 2 optimizer"
+        else:
+            why = CB.coupling(new, type(optimizer))
         if why is None and op not in (O.Average, O.Sum):
             why = "the reduction op is not Average or Sum"
         if why is None and process_set is not None and process_set is not O.global_process_set:
             why = "a process set"
+        if why is None and aggregation is not None:
+            why = "local gradient aggregation (backward_passes_per_step > 1)"
         if why is None:
             cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
         else:
             CB.warn(why)
     object.__setattr__(new, "_fastps_cb", cb)
     return new
+
+
+class OptimizerGradients:
+    """What DistributedOptimizer does to the gradients before the wrapped update: reduces
+    them with ``reducer``, except those of local variables (``register_local_var``, the
+    trainable variables of ``local_layers``), which stay this worker's own, divided by the
+    set size with ``scale_local_gradients`` so they match the averaged ones' scale
+    (Horovod's); with ``aggregation``, summed over N passes first."""
+
+    def __init__(
+        self,
+        reducer: GradientReducer,
+        scale_local: bool,
+        process_set: Any,
+        aggregation: Optional[LocalAggregation],
+    ) -> None:
+        self.reducer = reducer
+        self.scale_local = bool(scale_local)
+        self._set_size = O._ps(process_set).size
+        self.aggregation = aggregation
+        # id -> variable (kept alive, so the id stays its own)
+        self._local_vars: Dict[int, Any] = {}
+        self._local_layers: List[Any] = []
+
+    def register_local_var(self, var: Any) -> None:
+        self._local_vars[id(var)] = var
+
+    def add_local_layer(self, layer: Any) -> None:
+        self._local_layers.append(layer)
+
+    def _local_ids(self) -> Set[int]:
+        ids = set(self._local_vars)
+        for layer in self._local_layers:
+            ids.update(id(v) for v in layer.trainable_weights)
+        return ids
+
+    def plain(self, variables: Sequence[Any]) -> bool:
+        """Whether every gradient of ``variables`` is reduced as it comes (no local
+        variable among them, no aggregation): what cross-barrier updates need."""
+        if self.aggregation is not None:
+            return False
+        local = self._local_ids()
+        return not any(id(v) in local for v in variables)
+
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """The gradients to update ``variables`` with (None stays None)."""
+        local_ids = self._local_ids()
+        local = [id(v) in local_ids for v in variables]
+        if not any(local):
+            return self.reducer.reduce(grads, variables)
+        shared = [None if loc else g for g, loc in zip(grads, local)]
+        out = self.reducer.reduce(shared, variables)
+        for i, (g, loc) in enumerate(zip(grads, local)):
+            if loc and g is not None:
+                out[i] = self._scaled(g) if self.scale_local else g
+        return out
+
+    def _scaled(self, grad: Any) -> Any:
+        if isinstance(grad, tf.IndexedSlices):
+            size = tf.cast(self._set_size(), grad.values.dtype)
+            return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+        return grad / tf.cast(self._set_size(), grad.dtype)
+
+
+def _register_local_var(self: Any, var: Any) -> None:
+    """Horovod's ``register_local_var``: ``var``'s gradient is not reduced (model
+    parallelism) and, with ``scale_local_gradients``, is divided by the set size."""
+    self._fastps_grads.register_local_var(var)
 
 
 def _cross_barrier_asked(option: Optional[bool]) -> bool:

@@ -34,7 +34,7 @@ from .. import (
     shutdown,
     size,
 )
-from ..optimizer import DistributedOptimizer
+from ..optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import callbacks, elastic
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "broadcast_object",
     "allgather_object",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "callbacks",
     "elastic",
     "FastPSError",

@@ -1,0 +1,139 @@
+"""Local gradient aggregation for the Keras DistributedOptimizer (Horovod's
+``backward_passes_per_step``): gradients are summed on each worker over N passes and only
+every N-th pass reduces the sums over the workers and updates the variables.
+
+Every pass adds its gradients to one accumulator per variable and counts itself. The
+passes in between leave the variables alone but advance the optimizer's iteration count,
+so learning rate schedules see every pass (Horovod's semantics). The N-th pass hands the
+sums (divided by N with ``average_aggregated_gradients``) to the reduction and the update,
+then zeroes the accumulators and the count.
+
+Works eagerly (a Python branch) and in graphs (one ``tf.cond``: only the N-th run of the
+step executes the reduction's ops, so the other passes send nothing). The accumulators are
+``tf.Variable``s the optimizer does not track: they are not saved with it and are not
+broadcast by ``BroadcastGlobalVariablesCallback`` (each worker's partial sum is its own).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from . import _engine as E
+
+__all__ = ["LocalAggregation", "check_passes"]
+
+
+def check_passes(backward_passes_per_step: Any) -> int:
+    """``backward_passes_per_step`` as an int >= 1, or a ValueError naming the value."""
+    n = backward_passes_per_step
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(
+            f"backward_passes_per_step must be an integer >= 1 (the number of passes whose "
+            f"gradients are summed locally before one reduction), got {n!r}"
+        )
+    return int(n)
+
+
+class LocalAggregation:
+    """Sums gradients over ``passes`` calls of :meth:`step`; see the module docstring."""
+
+    def __init__(self, passes: int, average: bool, sparse_as_dense: bool) -> None:
+        self.passes = check_passes(passes)
+        self.average = bool(average)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        # id(variable) -> (the variable, kept alive so the id stays its own; accumulator)
+        self._sums: Dict[int, Tuple[Any, tf.Variable]] = {}
+        self._count: Optional[tf.Variable] = None
+
+    @property
+    def counter(self) -> tf.Variable:
+        """Passes summed since the last reduction (an int64 variable; Horovod's name)."""
+        if self._count is None:
+            with tf.init_scope():
+                self._count = tf.Variable(0, dtype=tf.int64, trainable=False, name="fastps_passes")
+        return self._count
+
+    def _dense(self, grad: Any, var: Any) -> Any:
+        if isinstance(grad, tf.IndexedSlices):
+            if not self.sparse_as_dense:
+                raise ValueError(
+                    f"the gradient of '{E.label_of(var)}' is sparse (tf.IndexedSlices); local "
+                    "aggregation (backward_passes_per_step > 1) sums dense tensors: pass "
+                    "sparse_as_dense=True"
+                )
+            return tf.convert_to_tensor(grad)
+        return grad
+
+    def _accumulators(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """The accumulator of every variable with a gradient (None for the others), made on
+        first use outside any graph (``tf.init_scope``), like an optimizer's slots."""
+        out: List[Any] = []
+        for g, v in zip(grads, variables):
+            if g is None:
+                out.append(None)
+                continue
+            entry = self._sums.get(id(v))
+            if entry is None:
+                shape = tf.TensorShape(v.shape)
+                if not shape.is_fully_defined():
+                    raise ValueError(
+                        f"local aggregation needs variables of known shape; "
+                        f"'{E.label_of(v)}' has shape {shape}"
+                    )
+                with tf.init_scope():
+                    acc = tf.Variable(
+                        tf.zeros(shape, g.dtype), trainable=False, name="fastps_grad_sum"
+                    )
+                entry = self._sums[id(v)] = (v, acc)
+            out.append(entry[1])
+        return out
+
+    @E.no_autograph
+    def step(
+        self,
+        grads: Sequence[Any],
+        variables: Sequence[Any],
+        reduce: Callable[[List[Any], List[Any]], List[Any]],
+        apply: Callable[[List[Any]], Any],
+        skip: Callable[[], Any],
+    ) -> Any:
+        """Adds ``grads`` to the sums; on the N-th pass calls ``apply(reduce(sums,
+        variables))`` and zeroes the sums, otherwise ``skip()`` (which advances the
+        iteration count). Returns what the taken branch returns (a bool tensor in graphs)."""
+        variables = list(variables)
+        grads = [None if g is None else self._dense(g, v) for g, v in zip(grads, variables)]
+        accs = self._accumulators(grads, variables)
+        for g, acc in zip(grads, accs):
+            if acc is not None:
+                acc.assign_add(tf.cast(g, acc.dtype))
+        count = self.counter
+        count.assign_add(1)
+        due = tf.greater_equal(count.read_value(), self.passes)
+
+        def reduce_and_apply() -> Any:
+            sums = [None if acc is None else acc.read_value() for acc in accs]
+            reduced = reduce(sums, variables)
+            if self.average:
+                reduced = [r if r is None else r / tf.cast(self.passes, r.dtype) for r in reduced]
+            result = apply(reduced)
+            for acc in accs:
+                if acc is not None:
+                    acc.assign(tf.zeros_like(acc))
+            count.assign(0)
+            return result
+
+        if E.executing_eagerly():
+            return reduce_and_apply() if bool(due) else skip()
+
+        def taken(fn: Callable[[], Any]) -> Callable[[], tf.Tensor]:
+            # Both branches return the same structure; the ops run for their effects.
+            def branch() -> tf.Tensor:
+                fn()
+                return tf.constant(True)
+
+            return branch
+
+        return tf.cond(due, taken(reduce_and_apply), taken(skip))

@@ -1,0 +1,24 @@
+"""Keras DistributedOptimizer(backward_passes_per_step=N) and PartialDistributedOptimizer
+under Keras 3 and Keras 2, in real 2-worker jobs
+(tests/tensorflow/workers/tf_keras_aggregation_worker.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tfjobs import WORKERS, fastpsrun, tail
+
+
+@pytest.mark.parametrize("keras", ["keras3", "keras2"])
+def test_local_aggregation_and_local_layers(keras: str) -> None:
+    """With N passes per step the weights stay put for N - 1 passes and then equal the
+    update with every rank's summed gradients averaged (divided by N when asked); local
+    layers take this rank's own sum / size and differ between ranks; custom loops eagerly
+    and in tf.function, model.fit; bad arguments raise naming the culprit."""
+    p = fastpsrun(2, [str(WORKERS / "tf_keras_aggregation_worker.py"), keras])
+    assert p.returncode == 0, tail(p)
+    for r in range(2):
+        assert f"rank {r} OK" in p.stdout, tail(p)
+    cases = 10 if keras == "keras2" else 5  # two optimizer kinds under Keras 2
+    assert len(re.findall(r"rank 0 .*: ok", p.stdout)) == cases, tail(p)
