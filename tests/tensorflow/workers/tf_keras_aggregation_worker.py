@@ -44,9 +44,9 @@ LR = 0.1
 ROWS = 4  # per batch
 
 
-def make_model() -> Any:
+def make_model(width: int = 4) -> Any:
     keras.utils.set_random_seed(5)  # the same initial weights on every rank
-    model = keras.Sequential([keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    model = keras.Sequential([keras.layers.Dense(width, activation="tanh"), keras.layers.Dense(2)])
     model.build((None, 3))
     return model
 
@@ -225,8 +225,9 @@ def error_cases(make_opt: Callable[[], Any]) -> None:
         ["local_layers", "int"],
         lambda: hvd.PartialDistributedOptimizer(make_opt(), local_layers=3),
     )
-    # Ranks that disagree about N fail at the first reduction, naming the setting.
-    model = make_model()
+    # Ranks that disagree about N fail at the first reduction, naming the setting. (A model
+    # of its own: a gradient group this process checked before is not checked again.)
+    model = make_model(width=5)
     opt = hvd.DistributedOptimizer(make_opt(), backward_passes_per_step=2 + RANK)
 
     def disagree() -> None:
