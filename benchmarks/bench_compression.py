@@ -13,8 +13,9 @@ a DistributedDataParallel module whose parameters have the model's shapes and wh
 backward hands DDP the same random gradients, uncompressed (``none``) and with torch's
 comm hooks ``fp16_compress_hook`` (``fp16``) and PowerSGD (``powersgd:R``, matrix
 approximation rank R, error feedback and warm start on, compressing from the third
-iteration). A DDP iteration is one backward: copying the gradients into DDP's 25 MiB
-buckets (``local_s``: the same backward under ``no_sync()``), the hook and its all-reduce.
+iteration, which the warm-up covers). A DDP iteration is one backward: copying the
+gradients into DDP's 25 MiB buckets (``local_s``: the same backward under ``no_sync()``),
+the hook and its all-reduce.
 
 Reported per row: median seconds per iteration of the slowest worker, its speed-up over
 fastps uncompressed, the fraction of the physical bound (the time the link needs to move
@@ -212,14 +213,16 @@ def child_ddp(args: argparse.Namespace) -> None:
                 model().backward()
         return time.perf_counter() - t0
 
+    # PowerSGD's first compressed iteration allocates its matrices: warm that up too.
+    warm = max(args.warmup, start + 1 if start else 0)
     times: List[float] = []
     bad = 0
-    for it in range(max(args.warmup, start) + args.iters):
+    for it in range(warm + args.iters):
         dt = backward(True)
         for p in params:
             g = p.grad.reshape(-1)[:: max(1, p.numel() // 64)]
             bad += int(not bool(torch.isfinite(g).all()) or float(g.abs().max()) > 1.0)
-        if it >= max(args.warmup, start):
+        if it >= warm:
             times.append(dt)
     local = [backward(False) for _ in range(args.iters)]
     rc.emit_result({"times": times, "bad": bad, "rank": rank, "local": local}, rank)
@@ -375,6 +378,7 @@ def plot(rows: Sequence[Dict[str, Any]], meta: Dict[str, str], out: Path) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     def num(v: Any) -> Optional[float]:
         try:
@@ -400,12 +404,17 @@ def plot(rows: Sequence[Dict[str, Any]], meta: Dict[str, str], out: Path) -> Non
         ax.set_xticks(xs)
         ax.set_xticklabels([_label(r) for r in mine], rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
+        if max(heights) > 0:
+            ax.set_ylim(top=max(heights) * 6)  # room for the legend above the bars
         scale = float(mine[0].get("scale") or 1)
         ax.set_title(f"{model}{f' x{scale:g}' if scale != 1 else ''} at {rate:g} Mbit/s")
         ax.set_ylabel("communication s / iteration")
-        ax.bar([], [], color="tab:blue", label="fastps")
-        ax.bar([], [], color="tab:orange", label="DDP over Gloo")
-        ax.legend(fontsize=8)
+        handles = [
+            Patch(color="tab:blue", label="fastps"),
+            Patch(color="tab:orange", label="DDP over Gloo"),
+        ]
+        handles += ax.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=8)
     fig.text(
         0.01,
         0.01,

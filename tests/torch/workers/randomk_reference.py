@@ -100,8 +100,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     sizes = [p.numel() for p in params]
-    # The core's k: ceil(param * n) with the param as the float32 the header carries.
-    ks = [min(n, max(1, math.ceil(float(np.float32(frac)) * n))) for n in sizes]
+    ks = [min(n, max(1, math.ceil(frac * n))) for n in sizes]  # docs/compression.md
     residual = [[torch.zeros(n) for n in sizes] for _ in range(size)]
     covered = [torch.zeros(n, dtype=torch.bool) for n in sizes]
     worst, rounds = 0.0, 0
