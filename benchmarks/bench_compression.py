@@ -396,8 +396,10 @@ def plot(rows: Sequence[Dict[str, Any]], meta: Dict[str, str], out: Path) -> Non
         heights = [num(r.get("time_s")) or 0.0 for r in mine]
         colors = ["tab:orange" if r.get("system") == "ddp-gloo" else "tab:blue" for r in mine]
         ax.bar(xs, heights, color=colors)
+        floor = min([h for h in heights if h > 0] or [1.0])  # a log axis has no 0
         for x, h in zip(xs, heights):
-            ax.text(x, h, "failed" if not h else f"{h:.3g}", ha="center", va="bottom", fontsize=7)
+            label = f"{h:.3g}" if h else "failed"
+            ax.text(x, h or floor, label, ha="center", va="bottom", fontsize=7)
         bound = num(mine[0].get("bound_s"))
         if bound:
             ax.axhline(bound, linestyle="--", color="gray", label=f"bound {bound:.3g} s")
