@@ -136,6 +136,32 @@ def gradient_sizes(model: str, scale: float = 1.0) -> List[Tuple[str, int]]:
     return [(name, max(1, int(round(numel(shape) * scale)))) for name, shape in MODELS[model]()]
 
 
+def gradient_shapes(model: str, scale: float = 1.0) -> List[Tuple[str, Shape]]:
+    """(name, shape) of every gradient tensor of ``model``, forward order.
+
+    ``scale`` < 1 shrinks every tensor to about that fraction and keeps it a tensor of the
+    same rank: a weight's first two dimensions (the matrix PowerSGD sees: first dimension
+    × the rest) by √scale each, kernel dimensions kept, a vector by scale; at least 1
+    each. For comparisons where the shape matters (low-rank compression); at scale 1 the
+    model's own shapes.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {sorted(MODELS)}")
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale must be in (0, 1], got {scale}")
+    side = math.sqrt(scale)
+    out: List[Tuple[str, Shape]] = []
+    for name, shape in MODELS[model]():
+        if scale == 1:
+            out.append((name, shape))
+        elif len(shape) == 1:
+            out.append((name, (max(1, round(shape[0] * scale)),)))
+        else:
+            lead = tuple(max(1, round(d * side)) for d in shape[:2])
+            out.append((name, lead + tuple(shape[2:])))
+    return out
+
+
 # ----------------------------------------------------------------------------- bounds
 
 

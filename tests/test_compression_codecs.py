@@ -133,6 +133,23 @@ def test_randomk_same_seed_same_indices() -> None:
     assert hits.min() > 0 and hits.max() < 40, (hits.min(), hits.max())
 
 
+def test_sparse_k_is_ceil_of_the_written_fraction() -> None:
+    # The fraction travels as a float32 (0.05f is 0.0500000007): k must still be
+    # ceil(0.05 * 640) = 32, not 33, and 10% of 10 values is 1, not 2.
+    for spec, n, k in (
+        ("randomk:0.05", 640, 32),
+        ("topk:0.05", 640, 32),
+        ("randomk:0.1", 10, 1),
+        ("topk:0.1", 10, 1),
+        ("randomk:0.01", 8192, 82),
+        ("randomk:0.3", 10, 3),
+        ("randomk:0.05", 4097, 205),
+    ):
+        per_value = 4 if spec.startswith("randomk") else 8
+        _, data = roundtrip(spec, values(n))
+        assert len(data) == HEADER + per_value * k, (spec, n, (len(data) - HEADER) // per_value)
+
+
 def test_dithering_is_unbiased_on_its_grid() -> None:
     levels = 8
     x = values(2000)

@@ -175,8 +175,15 @@ std::unique_ptr<Compressor> make_compressor(const CompressionSpec& spec) {
 
 size_t sparse_k(float param, size_t n) {
   if (n == 0) return 0;
-  double k = param < 1 ? std::ceil(static_cast<double>(param) * static_cast<double>(n))
-                       : static_cast<double>(param);
+  double k = static_cast<double>(param);
+  if (param < 1) {
+    // param is a float32 (it travels in the header): 0.05f is 0.0500000007, so ceil of
+    // 0.05f * 640 would be 33. A product within float32's precision of a whole number is
+    // that number: k is ceil(param * n) of the fraction the user wrote.
+    double x = k * static_cast<double>(n);
+    double whole = std::round(x);
+    k = std::fabs(x - whole) <= x * 1e-7 ? whole : std::ceil(x);
+  }
   if (k < 1) k = 1;
   if (k > static_cast<double>(n)) k = static_cast<double>(n);
   return static_cast<size_t>(k);

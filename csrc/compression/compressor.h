@@ -90,8 +90,9 @@ float momentum_of_units(uint16_t units);
 // The codec for spec (spec.enabled() must hold); throws std::invalid_argument for a bad param.
 std::unique_ptr<Compressor> make_compressor(const CompressionSpec& spec);
 
-// k of top-k / random-k for a part of n elements: ceil(param * n) when param < 1, else
-// param, at least 1 and at most n.
+// k of top-k / random-k for a part of n elements: ceil(param * n) when param < 1 (a
+// product within float32's precision of a whole number counts as that number: 0.05f * 640
+// is 32), else param; at least 1 and at most n.
 size_t sparse_k(float param, size_t n);
 
 // A counter-based random stream (splitmix64 of seed + (i + 1) * golden ratio): the same
