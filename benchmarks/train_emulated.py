@@ -43,6 +43,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rack_common as rc  # noqa: E402
+from benchmarks.cpu_account import CpuSampler, thread_cpu  # noqa: E402
+from benchmarks.cpu_account import delta as cpu_delta  # noqa: E402
 from benchmarks.emulator import models as em  # noqa: E402
 from benchmarks.emulator.schedule_bound import link_work  # noqa: E402
 
@@ -82,6 +85,7 @@ FIELDS = [
     "update_s",
     "gc2",
     "stalls",
+    "cpu",
     "load",
     "status",
 ]
@@ -143,11 +147,18 @@ def _train(
     gc.callbacks.append(watch)
     barrier()
     marks: List[float] = []
+    cpu0, wall0 = (thread_cpu(), time.time()) if args.cpu else ({}, 0.0)
+    cpu: Dict[str, float] = {}
+    window: List[float] = []
     watch.on = True
     for _ in range(args.steps + 1):
         marks.append(time.perf_counter())
         step()
     watch.on = False
+    if args.cpu:  # this process's CPU per timed iteration, per thread name
+        used = cpu_delta(thread_cpu(), cpu0)
+        cpu = {k: v / (args.steps + 1) for k, v in used.items()}
+        window = [wall0, time.time()]
     finish()  # cross-barrier: apply the last step's updates before reading the weights
     spec = model.spec
     expected = em_expected(spec, world, args.warmup + args.steps + 1)
@@ -168,6 +179,9 @@ def _train(
     }
     if args.stalls:
         out["phases"] = [ph[: len(diffs)] for ph in phases]
+    if args.cpu:
+        out["cpu"] = cpu
+        out["cpu_window"] = window
     return out
 
 
@@ -275,6 +289,9 @@ def _summary(res: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
         out["stall_report"] = _stall_report(res)
         p50, p99 = out["iter_p50_s"], out["iter_p99_s"]
         out["stalls"] = f"p99/p50 {p99 / p50:.3f} ({'OK' if p99 <= 1.2 * p50 else 'over'} 1.2)"
+    cpu_all = next((r["cpu_all"] for r in res.values() if "cpu_all" in r), None)
+    if cpu_all is not None:
+        out["cpu"], out["cpu_report"] = _cpu_report(cpu_all)
     fracs = [r["deferred_frac"] for r in res.values() if "deferred_frac" in r]
     if fracs:
         out["deferred_frac"] = statistics.mean(fracs)
@@ -321,9 +338,54 @@ def _stall_report(res: Dict[int, Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _proc_label(rack: Any, proc: Any) -> str:
+    """``w0/emu29703-s0`` -> ``s0`` (the role within the run), else the rack's name."""
+    name = str(rack._proc_names.get(proc.pid, f"pid{proc.pid}"))
+    tail = name.rsplit("-", 1)[-1]
+    return tail if re.fullmatch(r"[swc]\d+|sched", tail) else name
+
+
+def _attach_cpu(res: Dict[int, Dict[str, Any]], sampler: Optional[CpuSampler]) -> None:
+    """Per process, CPU seconds per timed iteration: the workers' own readings and, from
+    the sampler, every other process's (servers, scheduler) over the window in which all
+    workers ran their timed iterations. Stored as res[0]["cpu_all"]."""
+    out: Dict[str, Dict[str, float]] = {f"w{r}": dict(v.get("cpu", {})) for r, v in res.items()}
+    if sampler is not None and all("cpu_window" in v for v in res.values()):
+        t0 = max(v["cpu_window"][0] for v in res.values())
+        t1 = min(v["cpu_window"][1] for v in res.values())
+        iter_s = statistics.mean(v["iter_s"] for v in res.values())
+        span, used = sampler.window(t0, t1)
+        if span > 0 and iter_s > 0:
+            iters = span / iter_s
+            for label, threads in used.items():
+                if not label.startswith("w"):
+                    out[label] = {k: v / iters for k, v in threads.items()}
+    res[min(res)]["cpu_all"] = out
+
+
+def _cpu_report(cpu: Dict[str, Dict[str, float]]) -> Tuple[str, str]:
+    """(summary for the CSV, lines to print): ms of CPU per iteration per process and its
+    threads, the heaviest first."""
+    lines = []
+    totals = {label: sum(t.values()) for label, t in cpu.items()}
+    for label in sorted(cpu):
+        threads = sorted(cpu[label].items(), key=lambda kv: -kv[1])
+        parts = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in threads if v >= 5e-5)
+        lines.append(f"    cpu {label:6s} {1e3 * totals[label]:7.2f} ms/iter  [{parts}]")
+    workers = sum(v for k, v in totals.items() if k.startswith("w"))
+    servers = sum(v for k, v in totals.items() if k.startswith("s") and k != "sched")
+    summary = (
+        f"workers {1e3 * workers:.1f} ms/iter, servers {1e3 * servers:.1f} ms/iter, "
+        f"all {1e3 * sum(totals.values()):.1f} ms/iter"
+    )
+    lines.insert(0, f"    cpu: {summary}")
+    return summary, "\n".join(lines)
+
+
 class Runner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.sampler: Optional[CpuSampler] = None
         self.port = args.base_port
         self.rows: List[Dict[str, Any]] = []
 
@@ -350,6 +412,7 @@ class Runner:
             *(["--no-priority"] if no_priority else []),
             *(["--sparse-embedding"] if a.sparse_embedding else []),
             *(["--stalls"] if a.stalls else []),
+            *(["--cpu"] if a.cpu else []),
             "--scale",
             repr(a.scale),
         ]
@@ -425,6 +488,9 @@ class Runner:
             else:
                 ok, err = self._rack(rack, system, n, k, argv, env)
             res = rc.read_results(Path(tmp))
+        if self.args.cpu and len(res) == n:
+            _attach_cpu(res, self.sampler)
+            self.sampler = None
         if len(res) != n:
             return None, f"failed ({len(res)} of {n} results): {_first_error(err)}"
         return res, ""
@@ -496,7 +562,12 @@ class Runner:
             )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
-        return rc.wait_all(rack, launch, a.run_timeout)
+        if not a.cpu:
+            return rc.wait_all(rack, launch, a.run_timeout)
+        # every process of the run, sampled from outside (the servers report nothing)
+        labels = {_proc_label(rack, p): p.pid for p in launch.procs}
+        with CpuSampler(labels) as self.sampler:
+            return rc.wait_all(rack, launch, a.run_timeout)
 
     # -- one model at one ratio
 
@@ -620,6 +691,8 @@ class Runner:
         )
         if "stall_report" in row:
             print(f"    {row['stalls']}\n{row.pop('stall_report')}", flush=True)
+        if "cpu_report" in row:
+            print(row.pop("cpu_report"), flush=True)
 
 
 def _first_error(err: str) -> str:
@@ -766,6 +839,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--stalls",
         action="store_true",
         help="flatness check: per-phase p50/p99/max, slowest iterations (default 1000 steps)",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="CPU time per timed iteration of every process and thread (/proc; the rack "
+        "samples servers from outside)",
     )
     p.add_argument(
         "--scale",

@@ -5,6 +5,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 #include "kernels/sum.h"
 #include "transport/link.h"
@@ -24,7 +25,10 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const 
 SumEngine::~SumEngine() { stop(); }
 
 void SumEngine::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("fastps-sum" + std::to_string(index_));
+    run();
+  });
 }
 
 void SumEngine::stop() {

@@ -14,6 +14,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 #include "protocol/frame_check.h"
 #include "transport/handshake.h"
@@ -57,7 +58,10 @@ int Server::start() {
     loops_.push_back(std::make_unique<EventLoop>("server-io-" + std::to_string(i)));
     loops_.back()->start();
   }
-  acceptor_ = std::thread([this] { accept_loop(); });
+  acceptor_ = std::thread([this] {
+    name_this_thread("fastps-accept");
+    accept_loop();
+  });
   LOG_INFO("server " << opts_.server_id << " listening on " << opts_.host << ":" << port);
   return port;
 }

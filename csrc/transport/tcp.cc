@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transport/socket.h"
 
 namespace fastps {
@@ -181,7 +182,10 @@ EventLoop::~EventLoop() {
 }
 
 void EventLoop::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread(name_);
+    run();
+  });
 }
 
 void EventLoop::stop() {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/thread_name.h"
 #include "common/trace.h"
 #include "kernels/sum.h"
 
@@ -19,7 +20,10 @@ LocalReducer::LocalReducer(Context ctx) : ctx_(ctx) {}
 LocalReducer::~LocalReducer() { stop(); }
 
 void LocalReducer::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("fastps-local");
+    run();
+  });
 }
 
 void LocalReducer::stop() {

@@ -91,20 +91,27 @@ bool PushScheduler::wait_admissible(std::vector<PushTicket>* out,
   }
 }
 
+// written() and answered() change only their server's limits, so they wake the push
+// thread only when that server now admits its head: every other wakeup would find
+// nothing to take and cost a futex wake and two context switches per part.
 void PushScheduler::written(uint32_t server, size_t len) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     unwritten_.at(server) -= len;
+    wake = admits_locked(server);
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void PushScheduler::answered(const PushTicket& t) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     unanswered_.at(t.server).erase(urgency(t));
+    wake = admits_locked(t.server);
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void PushScheduler::stop() {

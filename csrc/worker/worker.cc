@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 #include "compression/part_codec.h"
 #include "kernels/sum.h"
@@ -123,7 +124,10 @@ void Worker::start() {
     local_->unlink_own();
     reducer_->start();
   }
-  pusher_ = std::thread([this] { push_loop(); });
+  pusher_ = std::thread([this] {
+    name_this_thread("fastps-push");
+    push_loop();
+  });
 }
 
 void Worker::attach_local_servers() {

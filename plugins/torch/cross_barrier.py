@@ -506,7 +506,7 @@ class CrossBarrier:
         try:
             for e in batch:
                 e.wait()
-            if waiter:
+            if waiter and started:  # the label only where a timeline records it
                 names = ", ".join(_short(e.name) for e in batch)
                 _tl.end("forward waited", f"{waiter}: {names}", started)
         except BaseException:
@@ -545,7 +545,9 @@ class CrossBarrier:
                 t1 = time.perf_counter()
                 self._step_on(optimizer, groups)
                 self.update_s += time.perf_counter() - t1
-                _tl.end("optimizer applied", ", ".join(_short(e.name) for e in batch), applying)
+                if applying:
+                    names = ", ".join(_short(e.name) for e in batch)
+                    _tl.end("optimizer applied", names, applying)
         finally:
             for p, grad in swapped:
                 p.grad = grad

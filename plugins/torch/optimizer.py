@@ -213,6 +213,7 @@ class _GradientSync:
         # call straight on the gradient's memory, no per-gradient objects (_Entry.hid).
         self.fast = False
         self.scale = 1.0
+        self.core_compression: Any = None  # set by _set_fast_path
         self._set_fast_path()
         self.lock = threading.RLock()
         self.entries: List[_Entry] = []
@@ -350,7 +351,8 @@ class _GradientSync:
                     "backward_passes_per_step to accumulate more passes locally"
                 )
             e.passes += 1
-            _tl.instant("gradient ready", e.name[len(GRAD_PREFIX) :])
+            if _tl.recording():  # no label string per gradient otherwise
+                _tl.instant("gradient ready", e.name[len(GRAD_PREFIX) :])
             if e.passes >= self.passes_per_step:
                 self._start(e)
 
@@ -428,7 +430,7 @@ class _GradientSync:
                     e.name,
                     self.priority(e),
                     self.scale,
-                    compression=self.compression if is_core(self.compression) else None,
+                    compression=self.core_compression,
                 )
                 return None
         if self.direct:
@@ -529,6 +531,8 @@ class _GradientSync:
         their sums (the world size can change: elastic resets)."""
         ps = self.process_set or global_process_set
         plain = self.compression in (None, Compression.none) or is_core(self.compression)
+        # what the fast path hands to the core with each gradient (decided once, not per call)
+        self.core_compression = self.compression if is_core(self.compression) else None
         self.fast = self.direct and plain and self.active
         size = ps.size() if self.active else 1
         self.scale = self.postscale * (1.0 / size if self.op == Average else 1.0)

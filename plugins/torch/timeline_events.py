@@ -12,6 +12,11 @@ import time
 from fastps.timeline import recorder as _recorder
 
 
+def recording() -> bool:
+    """Whether a timeline is recording: callers skip building labels when not."""
+    return _recorder.active() is not None
+
+
 def start() -> int:
     """A span's start (0 when no timeline is recording, so ``end`` records nothing)."""
     return time.monotonic_ns() if _recorder.active() is not None else 0

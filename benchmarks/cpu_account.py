@@ -1,0 +1,97 @@
+"""CPU time of processes and their threads, read from /proc (Linux).
+
+On a loaded machine wall time measures the load; the CPU a process spends per iteration
+does not (roughly: caches and frequency still vary). ``thread_cpu`` reads every thread's
+run time in nanoseconds (``/proc/PID/task/TID/schedstat``; ``stat``'s clock ticks where
+schedstat is missing) and sums it per thread name (``comm``: the C++ core names its
+threads, ``fastps-push``, ``fastps-io``, ``fastps-sum0``, ...). ``CpuSampler`` samples a set
+of processes from outside (the servers of a run) so that the CPU they spent inside a
+window of wall-clock time (the timed iterations the workers report) can be read off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Dict, List, Mapping, Optional, Tuple
+
+_TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:  # the thread or process ended between listing and reading
+        return None
+
+
+def _task_seconds(task: str) -> Optional[float]:
+    sched = _read(f"{task}/schedstat")
+    if sched:
+        return int(sched.split()[0]) * 1e-9
+    stat = _read(f"{task}/stat")
+    if not stat:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK  # utime + stime
+
+
+def thread_cpu(pid: int | str = "self") -> Dict[str, float]:
+    """CPU seconds each thread name of process ``pid`` has used so far (threads of one
+    name summed; threads that already ended are not counted)."""
+    out: Dict[str, float] = {}
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        task = f"{base}/{tid}"
+        comm = (_read(f"{task}/comm") or "?").strip()
+        secs = _task_seconds(task)
+        if secs is not None:
+            out[comm] = out.get(comm, 0.0) + secs
+    return out
+
+
+def delta(after: Mapping[str, float], before: Mapping[str, float]) -> Dict[str, float]:
+    """Per thread name: CPU seconds between two ``thread_cpu`` readings (threads born in
+    between count from zero)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+class CpuSampler:
+    """Samples ``thread_cpu`` of labelled processes every ``interval`` seconds on a
+    thread of its own, with the wall-clock time (``time.time()``) of each sample."""
+
+    def __init__(self, pids: Mapping[str, int], interval: float = 0.2) -> None:
+        self.pids = dict(pids)
+        self.interval = interval
+        self.samples: List[Tuple[float, Dict[str, Dict[str, float]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            self.samples.append((now, {k: thread_cpu(p) for k, p in self.pids.items()}))
+            self._stop.wait(self.interval)
+
+    def window(self, t0: float, t1: float) -> Tuple[float, Dict[str, Dict[str, float]]]:
+        """(seconds, per label the per-thread CPU seconds) between the first sample at or
+        after ``t0`` and the last at or before ``t1``; (0, {}) if fewer than two fit."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return 0.0, {}
+        (a_t, a), (b_t, b) = inside[0], inside[-1]
+        return b_t - a_t, {k: delta(b.get(k, {}), a.get(k, {})) for k in b}
