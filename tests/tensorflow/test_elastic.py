@@ -137,3 +137,43 @@ def test_commit_callback_counts_from_each_fit_start():
     for b in range(6):
         cb.on_train_batch_end(b)
     assert state.commits == 3  # after batches 2 and 5 of the new fit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # TensorFlow starts slowly on a loaded machine
+def test_worker_joins_keras_fit(tmp_path, subprocess_env):
+    """A worker added through the discovery script while the others are inside
+    ``model.fit``: the survivors run the train step ``fit`` compiled in the first
+    generation again (same shapes), the newcomer traces its own; both must check the
+    gradients together and average over the new world (this hung until
+    FASTPS_OP_TIMEOUT: the survivors had cached the first generation's gradient check)."""
+    sys.path.insert(0, str(HERE.parent / "elastic"))
+    sys.path.insert(0, str(HERE / "workers"))
+    from live_job import LiveJob, discovery_script
+
+    import keras_fit_elastic
+
+    hosts, script = discovery_script(tmp_path, "localhost:2")
+    result = tmp_path / "result.json"
+    steps = 40
+    env = {**subprocess_env, "STEPS": str(steps), "STEP_SLEEP": "0.25", "RESULT": str(result)}
+    env.update(CUDA_VISIBLE_DEVICES="-1", FASTPS_OP_TIMEOUT="60")
+    args = ["-np", "2", "--min-np", "2", "--max-np", "3"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args += [sys.executable, str(HERE / "workers" / "keras_fit_elastic.py")]
+    job = LiveJob(args, env, cwd=tmp_path)
+    try:
+        job.wait_for(r"STEP 3 size=2", 300)
+        hosts.write_text("localhost:3\n")
+        job.wait_for(r"generation 1: 3 workers", 240)
+        job.wait_for(r"STEP \d+ size=3", 120)
+        rc = job.finish(300)
+    finally:
+        job.stop()
+    assert rc == 0, job.tail()
+    out = json.loads(result.read_text())
+    sizes = out["sizes"]
+    assert len(sizes) == steps and sizes[0] == 2 and sizes[-1] == 3, sizes
+    assert sizes == sorted(sizes), sizes  # one change of world: 2 workers, then 3
+    for got, ref in zip(out["params"], keras_fit_elastic.reference(sizes)):
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
