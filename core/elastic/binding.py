@@ -1,17 +1,21 @@
 """What each framework plugin gives the elastic API, and what it gets back.
 
-A plugin's ``elastic`` module used to repeat the same glue: its rank, its object broadcast,
-"leave this generation and join the next" (the plugin's session, then the core), the run
-decorator and an ``ObjectState`` bound to its broadcast. ``Framework`` holds that glue
-once; a plugin creates one with its own functions and only adds the handlers of its
-objects (models, optimizers, samplers) on top of ``state.HandlerState``.
+Every plugin package has Horovod's ``rank()``, ``init()``, ``shutdown()`` and
+``broadcast_object(obj, root_rank)``; from those ``Framework`` makes the elastic glue the
+plugins would otherwise each repeat: "leave this generation and join the next", the run
+decorator (the retry loop, ``run.py``), the failure test for the framework's own errors and
+an ``ObjectState`` bound to the plugin's broadcast. A plugin's ``elastic`` module creates
+one and adds only the handlers of its objects (models, optimizers, samplers) on top of
+``state.HandlerState``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Type
+import importlib
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
+from ..collectives import HorovodInternalError
 from . import run as _run
 from . import state as _state
 
@@ -19,31 +23,36 @@ from . import state as _state
 class Framework:
     """A plugin's elastic glue.
 
-    ``rank()`` and ``bcast_object(obj)`` (rank 0's ``obj`` everywhere) are the plugin's;
-    ``leave()`` ends its session, ``join()`` starts one (``init``); ``before_join()`` runs
-    between them (e.g. to restart per-session counters). ``translate(exc)`` may turn a
-    framework error raised by a generation that failed into the exception to raise
-    (``HorovodInternalError``), or return None to let it through.
+    ``package`` is the plugin package (``"fastps.torch"``); its functions are looked up
+    when first called, since the package imports its ``elastic`` module while it loads.
+    ``before_join()`` runs between leaving a generation and joining the next (e.g. to
+    restart per-session counters). ``framework_errors``: exception types of the framework
+    that may carry a fastps failure (TensorFlow's ``OpError`` from an op inside a
+    ``tf.function``); one raised while the generation is aborted is that generation's
+    failure and reaches the run loop as ``HorovodInternalError``, as Horovod's does.
     """
 
     def __init__(
         self,
+        package: str,
         *,
-        rank: Callable[[], int],
-        bcast_object: Callable[[Any], Any],
-        leave: Callable[[], None],
-        join: Callable[[], None],
         before_join: Optional[Callable[[], None]] = None,
-        translate: Optional[Callable[[BaseException], Optional[BaseException]]] = None,
-        translated: tuple = (),
+        framework_errors: Tuple[Type[BaseException], ...] = (),
     ) -> None:
-        self.rank = rank
-        self.bcast_object = bcast_object
-        self._leave = leave
-        self._join = join
+        self._package = package
         self._before_join = before_join
-        self._translate = translate
-        self._translated = translated
+        self._framework_errors = framework_errors
+
+    def _plugin(self, name: str) -> Any:
+        return getattr(importlib.import_module(self._package), name)
+
+    def rank(self) -> int:
+        """This process's rank in the current generation."""
+        return int(self._plugin("rank")())
+
+    def bcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (the plugin's object broadcast)."""
+        return self._plugin("broadcast_object")(obj, root_rank=0)
 
     def state_args(self) -> Dict[str, Any]:
         """The keyword arguments the framework-neutral states take."""
@@ -53,25 +62,32 @@ class Framework:
         """Leaves this generation (the plugin's session, then the core) and joins the next."""
         import fastps
 
-        self._leave()
+        self._plugin("shutdown")()
         fastps.shutdown()
         if self._before_join is not None:
             self._before_join()
-        self._join()
+        self._plugin("init")()
+
+    def failure(self, exc: BaseException) -> Optional[BaseException]:
+        """The ``HorovodInternalError`` a framework error stands for when this generation
+        was aborted (None: the error is the program's own, let it through)."""
+        if isinstance(exc, self._framework_errors) and _run.generation_aborted():
+            return HorovodInternalError(f"{type(exc).__name__}: {exc}")
+        return None
 
     def run(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """Horovod's ``hvd.elastic.run``: ``func(state, ...)`` is re-run from the last commit
         after a failure, and with the new world after workers joined or left."""
         body = func
-        if self._translate is not None and self._translated:
-            translate, kinds = self._translate, self._translated
+        if self._framework_errors:
+            kinds = self._framework_errors
 
             @functools.wraps(func)
             def body(*args: Any, **kwargs: Any) -> Any:
                 try:
                     return func(*args, **kwargs)
                 except kinds as exc:
-                    replacement = translate(exc)
+                    replacement = self.failure(exc)
                     if replacement is None:
                         raise
                     raise replacement from exc

@@ -36,8 +36,12 @@ def generation_failed(exc: BaseException) -> bool:
     generation's scheduler has aborted it."""
     if isinstance(exc, FAILURES):
         return True
-    if not isinstance(exc, FastPSError):
-        return False
+    return isinstance(exc, FastPSError) and generation_aborted()
+
+
+def generation_aborted() -> bool:
+    """Whether the generation's scheduler aborted it, waiting up to ``ABORT_WAIT`` for an
+    abort that an error seen first may be the sign of."""
     from .. import api
 
     st = api._state

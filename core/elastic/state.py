@@ -15,7 +15,7 @@ import numpy as np
 from ..collectives import HostsUpdatedInterrupt
 from . import rendezvous, wire
 
-__all__ = ["State", "ObjectState", "Handler", "HandlerState"]
+__all__ = ["State", "ObjectState", "Handler", "SnapshotHandler", "HandlerState"]
 
 
 class State(ABC):
@@ -143,6 +143,29 @@ class Handler(ABC):
 
     def reset(self) -> None:  # noqa: B027 - an optional hook, not a required method
         """Called after the world changed (most handlers keep nothing per world)."""
+
+
+class SnapshotHandler(Handler):
+    """A handler for an object whose state is one snapshot (a torch ``state_dict()``, an
+    MXNet trainer's optimizer states): ``save`` keeps a deep copy of ``snapshot()``,
+    ``restore`` hands ``load`` a fresh deep copy of it. Fresh, because a loader may keep
+    the tensors it is given (torch's ``Optimizer.load_state_dict`` does) and the training
+    that follows updates them in place: the commit must stay what it was for the next
+    rollback."""
+
+    @abstractmethod
+    def snapshot(self) -> Any:
+        """The object's state, e.g. its ``state_dict()``."""
+
+    @abstractmethod
+    def load(self, snapshot: Any) -> None:
+        """Puts ``snapshot`` (the caller's to keep) back into the object."""
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.snapshot())
+
+    def restore(self) -> None:
+        self.load(copy.deepcopy(self._saved))
 
 
 class HandlerState(ObjectState):

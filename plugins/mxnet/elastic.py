@@ -12,7 +12,6 @@ copies back, ``sync()`` hands rank 0's to every rank. Launch with
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
@@ -35,31 +34,7 @@ __all__ = [
 State = _state.State
 
 
-def _rank() -> int:
-    from . import rank
-
-    return rank()
-
-
-def _bcast(obj: Any) -> Any:
-    from . import broadcast_object
-
-    return broadcast_object(obj, root_rank=0)
-
-
-def _leave() -> None:
-    from . import shutdown
-
-    shutdown()
-
-
-def _join() -> None:
-    from . import init
-
-    init()
-
-
-_framework = _binding.Framework(rank=_rank, bcast_object=_bcast, leave=_leave, join=_join)
+_framework = _binding.Framework("fastps.mxnet")
 run = _framework.run
 ObjectState = _framework.object_state_class(__name__)
 
@@ -102,12 +77,12 @@ class _ParametersHandler(_state.Handler):
         broadcast_parameters(_param_dict(self.value), root_rank=0, prefix="elastic.parameters.")
 
 
-class _TrainerHandler(_state.Handler):
+class _TrainerHandler(_state.SnapshotHandler):
     """A ``gluon.Trainer`` (fastps's ``DistributedTrainer`` included): its updaters' states
     (pickled, as ``Trainer.save_states`` writes them), the optimizer's update counts (they
     drive learning-rate schedules and Adam's bias correction) and its learning rate."""
 
-    def _snapshot(self) -> Dict[str, Any]:
+    def snapshot(self) -> Dict[str, Any]:
         trainer = self.value
         updaters = getattr(trainer, "_updaters", None) or []
         opt = trainer._optimizer
@@ -118,7 +93,7 @@ class _TrainerHandler(_state.Handler):
             "lr": float(opt.lr),
         }
 
-    def _apply(self, snap: Dict[str, Any]) -> None:
+    def load(self, snap: Dict[str, Any]) -> None:
         trainer = self.value
         opt = trainer._optimizer
         if snap["states"] is not None:
@@ -128,14 +103,8 @@ class _TrainerHandler(_state.Handler):
         opt._index_update_count = dict(snap["counts"])
         opt.lr = snap["lr"]
 
-    def save(self) -> None:
-        self._saved = self._snapshot()
-
-    def restore(self) -> None:
-        self._apply(copy.deepcopy(self._saved))
-
     def sync(self) -> None:
-        self._apply(_bcast(self._snapshot()))
+        self.load(_framework.bcast_object(self.snapshot()))
 
     def reset(self) -> None:
         # The new generation's core has no fusion plan and has not compared the ranks'

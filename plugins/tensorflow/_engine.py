@@ -189,6 +189,15 @@ def op_name(prefix: str, name: str) -> str:
     return f"{prefix}_{clean}"[:120]
 
 
+def world_may_change() -> bool:
+    """True in an elastic worker: a graph traced in one generation may run in the next,
+    with another world (its size, its newcomers), so a graph must not bake in what the
+    world was when it was traced (its size, the checks already passed)."""
+    from fastps.elastic import wire
+
+    return wire.enabled()
+
+
 # ------------------------------------------------------------------ consistency checks
 def digest(items: Sequence[str]) -> str:
     return hashlib.sha1("\n".join(items).encode()).hexdigest()[:12]
@@ -237,13 +246,30 @@ def label_of(value: Any) -> str:
     return "?"
 
 
+# Checks passed in the core session ``_checked_in`` (a new session -- an elastic job's
+# next generation, whose newcomers have checked nothing -- checks again on every rank).
 _checked: Dict[Any, None] = {}
+_checked_in: Any = None
 _checked_lock = threading.Lock()
 
 
-def already_checked(kind: str, group: Group) -> bool:
+def _checks_of_this_session() -> Dict[Any, None]:
+    """The cache of checks passed in the current core session (caller holds the lock)."""
+    global _checked_in
+    from fastps import api
+
+    session = api._state
+    if session is not _checked_in:
+        _checked.clear()
+        _checked_in = session
+    return _checked
+
+
+def already_checked(kind: str, group: Group, process_set: Any = None) -> bool:
+    """Whether ``check_same_everywhere`` passed for this group in this core session."""
+    ps = C.global_process_set if process_set is None else process_set
     with _checked_lock:
-        return (kind, group.digest) in _checked
+        return (kind, group.digest, ps.process_set_id) in _checks_of_this_session()
 
 
 def check_same_everywhere(
@@ -257,11 +283,13 @@ def check_same_everywhere(
     tensors and wait for each other until the op timeout) into an immediate error.
     """
     ps = C.global_process_set if process_set is None else process_set
-    if ps.size() == 1:
-        return
     key = (kind, group.digest, ps.process_set_id)
     with _checked_lock:
-        if cache and key in _checked:
+        if cache and key in _checks_of_this_session():
+            return
+        if ps.size() == 1:  # alone: nothing to compare (a session's world never changes)
+            if cache:
+                _checks_of_this_session()[key] = None
             return
     groups = call(C.allgather_object, (group.keys, group.labels), f"fastps.check.{kind}", ps)
     groups = [Group(list(k), list(lab)) for k, lab in groups]
@@ -269,7 +297,7 @@ def check_same_everywhere(
         raise MismatchError(describe_difference(what, groups))
     if cache:
         with _checked_lock:
-            _checked[key] = None
+            _checks_of_this_session()[key] = None
 
 
 def describe_difference(what: str, groups: List[Group]) -> str:

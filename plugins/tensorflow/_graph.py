@@ -372,15 +372,39 @@ class ThreadWork:
         return self._result
 
 
+class DoneWork:
+    """Work that needed no waiting: its result is known when it starts."""
+
+    def __init__(self, result: Sequence[np.ndarray]) -> None:
+        self._result = list(result)
+
+    def poll(self) -> bool:
+        return True
+
+    def synchronize(self, timeout: Optional[float] = None) -> List[np.ndarray]:
+        return self._result
+
+
 def check_op(kind: str, group: E.Group, what: str) -> Optional[tf.Tensor]:
     """The graph form of :func:`_engine.check_same_everywhere`: an op that checks on its
-    first run (later runs return at once). None when this process already checked this
-    group or runs alone."""
-    if E.already_checked(kind, group) or C.global_process_set.size() == 1:
+    first run in a core session (later runs return at once, without a thread). Whether
+    the check is needed is decided when the op runs, never when the graph is traced: a
+    graph traced after this rank checked may run where another rank has not (in an
+    elastic job, a graph traced in one generation runs in the next, where every rank,
+    newcomers included, checks again; a graph without the op would leave the newcomers'
+    check waiting for ranks that never come). None only for a process that runs alone in
+    a world that cannot grow."""
+    if C.global_process_set.size() == 1 and not E.world_may_change():
         return None
+    label = f"check.{kind}"
 
     def check() -> List[np.ndarray]:
         E.check_same_everywhere(kind, group, what)
         return [np.array(True)]
 
-    return call_op(check, [tf.bool], [[]], f"check.{kind}")[0]
+    def start() -> Any:
+        if E.already_checked(kind, group):
+            return DoneWork([np.array(True)])
+        return ThreadWork(check, label)
+
+    return finish_op(start_op(start, [], label), [tf.bool], [[]], label)[0]

@@ -135,15 +135,20 @@ def _direct_starter(
     names: Sequence[str],
     priorities: Sequence[int],
     scale: float,
+    average: bool,
     plan: Optional[GradientFusion] = None,
     core: Any = None,
 ) -> Callable[..., E.Work]:
+    """Starts the sums, times ``scale`` (and divided by the world's size when it starts,
+    for an average: a graph traced in one world may run in the next, docs/elastic.md)."""
+
     def start(*arrs: np.ndarray) -> E.Work:
         if plan is not None:
             plan.ensure()
+        factor = scale / C.global_process_set.size() if average else scale
         with _api.submission_batch():
             parts = [
-                _Direct(E.to_numpy(a, dt), dt, n, p, scale, core)
+                _Direct(E.to_numpy(a, dt), dt, n, p, factor, core)
                 for a, dt, n, p in zip(arrs, dtypes, names, priorities)
             ]
         return E.Work(parts, lambda res: [E.from_numpy(r, dt) for r, dt in zip(res, dtypes)])
@@ -207,7 +212,10 @@ class GradientReducer:
         if not live:
             return grads
         ps = self.process_set
-        if ps.size() == 1:
+        eager = E.executing_eagerly()
+        # Alone, nothing to reduce; but a graph traced alone in an elastic job may run
+        # in a bigger world later, so it reduces anyway (a sum over one rank).
+        if ps.size() == 1 and (eager or not E.world_may_change()):
             factor = self.prescale_factor * self.postscale_factor
             if factor == 1.0:
                 return grads
@@ -218,7 +226,6 @@ class GradientReducer:
         what = f"the gradients reduced by {self.kind}"
         priority = {i: C.priority_for(int(forward_order[i]), n) for i in live}
         out: List[Any] = list(grads)
-        eager = E.executing_eagerly()
         if eager:
             E.check_same_everywhere(self.kind, group, what, process_set=ps)
             order = sorted(live, key=lambda i: forward_order[i])
@@ -305,13 +312,12 @@ class GradientReducer:
         plan = None if self.core else self._fusion_plan(ready, names, priority, group.digest)
         dtypes = [E.check_dtype(c.dtype, f"gradient '{names[i]}'") for i, c, _ in ready]
         scale = float(self.prescale_factor) * float(self.postscale_factor)
-        if self.op == O.Average:
-            scale /= C.global_process_set.size()
         starter = _direct_starter(
             dtypes,
             [names[i] for i, _, _ in ready],
             [priority[i] for i, _, _ in ready],
             scale,
+            self.op == O.Average,
             plan,
             self.core,
         )
@@ -354,13 +360,12 @@ class GradientReducer:
         floats = all(c.dtype.is_floating for c in tensors)
         if self._direct() and floats:
             scale = float(self.prescale_factor) * float(self.postscale_factor)
-            if self.op == O.Average:
-                scale /= C.global_process_set.size()
             starter = _direct_starter(
                 dtypes,
                 [names[i] for i, _, _ in members],
                 [priority[i] for i, _, _ in members],
                 scale,
+                self.op == O.Average,
                 plan,
                 self.core,
             )

@@ -18,10 +18,8 @@ import numpy as np
 import tensorflow as tf
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
-from fastps.elastic import run as _run
 from fastps.elastic import state as _state
 from fastps.elastic.errors import WorkerLostError
-from fastps.errors import FastPSError
 
 __all__ = [
     "run",
@@ -38,48 +36,9 @@ __all__ = [
 State = _state.State
 
 
-def _rank() -> int:
-    from . import rank
-
-    return rank()
-
-
-def _bcast(obj: Any) -> Any:
-    from .ops import broadcast_object
-
-    return broadcast_object(obj, root_rank=0)
-
-
-def _leave() -> None:
-    from . import shutdown
-
-    shutdown()
-
-
-def _join() -> None:
-    from . import init
-
-    init()
-
-
-def _graph_error(exc: BaseException) -> Optional[BaseException]:
-    """Inside a tf.function a failed fastps op reaches the caller as TensorFlow's OpError,
-    not as fastps's exception: an OpError while the generation has been aborted is that
-    generation's failure (Horovod's run does the same)."""
-    assert isinstance(exc, tf.errors.OpError)
-    if _run.generation_failed(FastPSError(str(exc))):
-        return HorovodInternalError(f"{type(exc).__name__}: {exc.message}")
-    return None
-
-
-_framework = _binding.Framework(
-    rank=_rank,
-    bcast_object=_bcast,
-    leave=_leave,
-    join=_join,
-    translate=_graph_error,
-    translated=(tf.errors.OpError,),
-)
+# Inside a tf.function a failed fastps op reaches the caller as TensorFlow's OpError, not
+# as fastps's exception: one raised while the generation is aborted is its failure.
+_framework = _binding.Framework("fastps.tensorflow", framework_errors=(tf.errors.OpError,))
 run = _framework.run
 ObjectState = _framework.object_state_class(__name__)
 

@@ -297,7 +297,9 @@ def _sparse_allreduce(
     values = allgather(slices.values, None if name is None else f"{name}.values", process_set)
     indices = allgather(slices.indices, None if name is None else f"{name}.indices", process_set)
     if op == Average:
-        values = values / tf.cast(process_set.size(), values.dtype)
+        # The size when the op runs (a graph may outlive its world in an elastic job).
+        n = process_set.size() if E.executing_eagerly() else size_op(process_set.process_set_id)
+        values = values / tf.cast(n, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Optional, Tuple
 import keras
 import tensorflow as tf
 
+from . import _engine as E
 from . import ops as O
 
 __all__ = ["SyncBatchNormalization"]
@@ -39,7 +40,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     def _moments(self, inputs: Any, mask: Any) -> Tuple[tf.Tensor, tf.Tensor]:
         ps = O._ps(self._process_set)
-        if ps.size() == 1:
+        # A graph traced alone in an elastic job may run in a bigger world later.
+        if ps.size() == 1 and (E.executing_eagerly() or not E.world_may_change()):
             return super()._moments(inputs, mask)
         x = tf.convert_to_tensor(inputs)
         axes = list(self._reduction_axes)

@@ -9,7 +9,6 @@ restored and synced from rank 0. Launch with
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from typing import Any, Dict, Iterator, List, Optional
@@ -45,30 +44,6 @@ def _warm_up() -> None:
 _rendezvous.on_standby(_warm_up)
 
 
-def _rank() -> int:
-    from . import rank
-
-    return rank()
-
-
-def _bcast(obj: Any) -> Any:
-    from .functions import broadcast_object
-
-    return broadcast_object(obj, root_rank=0)
-
-
-def _leave() -> None:
-    from . import shutdown
-
-    shutdown()
-
-
-def _join() -> None:
-    from . import init
-
-    init()
-
-
 def _restart_call_numbers() -> None:
     # The module's collective calls are numbered per process; a joining process starts at
     # 0, so every rank starts again with the new generation.
@@ -77,42 +52,36 @@ def _restart_call_numbers() -> None:
     functions._calls = itertools.count()
 
 
-_framework = _binding.Framework(
-    rank=_rank,
-    bcast_object=_bcast,
-    leave=_leave,
-    join=_join,
-    before_join=_restart_call_numbers,
-)
+_framework = _binding.Framework("fastps.torch", before_join=_restart_call_numbers)
 run = _framework.run
 ObjectState = _framework.object_state_class(__name__)
 
 
 # ------------------------------------------------------------------ handlers
 
-_Handler = _state.Handler
+
+class _StateDictHandler(_state.SnapshotHandler):
+    """An object with ``state_dict()`` and ``load_state_dict()`` (models, optimizers,
+    samplers)."""
+
+    def snapshot(self) -> Any:
+        return self.value.state_dict()
+
+    def load(self, snapshot: Any) -> None:
+        self.value.load_state_dict(snapshot)
 
 
-class _ModelHandler(_Handler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
+class _ModelHandler(_StateDictHandler):
     def sync(self) -> None:
         from .functions import broadcast_parameters
 
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler(_Handler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
+class _OptimizerHandler(_StateDictHandler):
     def restore(self) -> None:
         _abandon_gradients(self.value)
-        self.value.load_state_dict(self._saved)
+        super().restore()
 
     def sync(self) -> None:
         from .functions import broadcast_optimizer_state
@@ -133,13 +102,7 @@ def _abandon_gradients(optimizer: Any) -> None:
         sync.abandon()
 
 
-class _SamplerHandler(_Handler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
+class _SamplerHandler(_StateDictHandler):
     def sync(self) -> None:
         from .functions import allgather_object
 
@@ -149,13 +112,13 @@ class _SamplerHandler(_Handler):
             done |= part
         state = self.value.state_dict()
         state["processed_indices"] = done
-        self.value.load_state_dict(_bcast(state))
+        self.value.load_state_dict(_framework.bcast_object(state))
 
     def reset(self) -> None:
         self.value.reset()
 
 
-def _handler_for(value: Any) -> Optional[_Handler]:
+def _handler_for(value: Any) -> Optional[_state.Handler]:
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):

@@ -172,3 +172,35 @@ def test_a_spare_takes_the_failed_rank_but_never_rank_0():
     assert launcher.slots["t"].spare and not launcher.slots["s"].spare
     # no room under --max-np: no spare is seated
     assert _seated(_launcher(["a", "b"], {"b"}, ["s"], max_np=1)) == ["a"]
+
+
+def test_torch_state_rolls_back_to_the_same_commit_twice():
+    """A restore must not hand the commit's own tensors to the optimizer: torch's
+    load_state_dict keeps them, and the next steps update them in place, so a second
+    failure before the next commit would roll back to a corrupted commit."""
+    import copy
+
+    torch = pytest.importorskip("torch")
+    from fastps.torch.elastic import TorchState
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.ones(2, 3)).pow(2).sum().backward()
+        opt.step()
+
+    step()  # the momentum buffers exist before the commit
+    state = TorchState(model, opt, epoch=0)
+    params = copy.deepcopy(model.state_dict())
+    momenta = copy.deepcopy(opt.state_dict()["state"])
+    for _ in range(2):  # a failure, two steps, another failure before any commit
+        step()
+        step()
+        state.restore()
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, params[name]), name
+        for key, value in opt.state_dict()["state"].items():
+            assert torch.equal(value["momentum_buffer"], momenta[key]["momentum_buffer"]), key

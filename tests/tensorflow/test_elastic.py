@@ -149,9 +149,8 @@ def test_worker_joins_keras_fit(tmp_path, subprocess_env):
     FASTPS_OP_TIMEOUT: the survivors had cached the first generation's gradient check)."""
     sys.path.insert(0, str(HERE.parent / "elastic"))
     sys.path.insert(0, str(HERE / "workers"))
-    from live_job import LiveJob, discovery_script
-
     import keras_fit_elastic
+    from live_job import LiveJob, discovery_script
 
     hosts, script = discovery_script(tmp_path, "localhost:2")
     result = tmp_path / "result.json"

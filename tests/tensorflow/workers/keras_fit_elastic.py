@@ -51,7 +51,9 @@ def batch(step: int, world: int) -> Tuple[np.ndarray, np.ndarray]:
     x = g.standard_normal((world * ROWS, FEATURES))
     w = np.arange(1, FEATURES + 1, dtype=np.float64).reshape(-1, 1) / FEATURES
     y = x @ w + 0.5 + 0.01 * g.standard_normal((world * ROWS, 1))
-    return x, y
+    # fit() hands numpy input to the model as float32 (Keras's floatx): use values that
+    # float32 holds exactly, so the reference sees the same batches.
+    return x.astype(np.float32).astype(np.float64), y.astype(np.float32).astype(np.float64)
 
 
 def reference(sizes: List[int]) -> List[List[float]]:
@@ -74,7 +76,9 @@ def main() -> int:
 
     hvd.init()
     model = make_model()
-    model.compile(optimizer=hvd.DistributedOptimizer(make_optimizer()), loss="mse")
+    # The loss in float64 (Keras computes losses in float32 by default): the reference's.
+    loss = keras.losses.MeanSquaredError(dtype="float64")
+    model.compile(optimizer=hvd.DistributedOptimizer(make_optimizer()), loss=loss)
     model.optimizer.build(model.trainable_variables)  # its slots are in the commit
     state = hvd.elastic.KerasState(model, batch=0, epoch=0, step=0, sizes=[])
 
