@@ -298,7 +298,7 @@ def _sparse_allreduce(
     indices = allgather(slices.indices, None if name is None else f"{name}.indices", process_set)
     if op == Average:
         # The size when the op runs (a graph may outlive its world in an elastic job).
-        n = process_set.size() if E.executing_eagerly() else size_op(process_set.process_set_id)
+        n = _eager_or_op(lambda: np.int32(process_set.size()), tf.int32, "size")
         values = values / tf.cast(n, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
