@@ -3,9 +3,9 @@ a Keras model compiled with fastps's ``DistributedOptimizer``, trained by ``fit`
 ``hvd.elastic.run`` with ``KerasState`` and the three elastic callbacks (a commit after
 every batch).
 
-Each worker's batch has ``ROWS`` rows in every world, so the step ``fit`` compiled in the
-first generation is run again, not traced again, by the survivors in the next one (the
-case where what a compiled step decided from the world it was traced in goes stale); the
+Each worker's batch has ``ROWS`` rows in every world, so nothing makes Keras trace the
+step ``fit`` compiled in the first generation again: the survivors run it in the next one
+(where what a compiled step decided from the world it was traced in would be stale); the
 global batch of step ``s`` in a world of ``n`` workers is ``batch(s, n)``. Rank 0 writes
 the final parameters and the world size of every step (``sizes``), so the test compares
 with one process running the same global batches (``reference(sizes)``).
