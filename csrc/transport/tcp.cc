@@ -113,7 +113,10 @@ bool Connection::on_readable(std::string* why, bool* clean) {
       }
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-        *why = std::string("receive failed: ") + strerror(errno);
+        // A reset after the peer's bye: it closed with our last frames unread. It said it
+        // was leaving, so this is its clean exit, not a crash.
+        *clean = saw_bye_ && errno == ECONNRESET;
+        *why = std::string("receive failed: ") + strerror(errno) + (*clean ? " (after bye)" : "");
         return false;
       }
       rx_hdr_got_ += static_cast<size_t>(n);

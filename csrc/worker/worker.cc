@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -757,6 +758,16 @@ void Worker::shutdown() {
     for (auto& l : per_server)
       while (!l.connection()->closed() && std::chrono::steady_clock::now() < deadline &&
              !l.connection()->idle())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Half-close and wait for each server to close its side: closing with answers still
+  // unread (a quorum round's late answers to a straggler) would reset the connection,
+  // drop the bye still in the kernel's send buffer, and the server would see a crash.
+  for (auto& per_server : links_)
+    for (auto& l : per_server)
+      if (!l.connection()->closed()) ::shutdown(l.connection()->fd(), SHUT_WR);
+  for (auto& per_server : links_)
+    for (auto& l : per_server)
+      while (!l.connection()->closed() && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
   stop_stages(true);
   failures_.fail_for_shutdown("fastps was shut down while this push_pull was running");
