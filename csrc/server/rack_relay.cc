@@ -29,11 +29,14 @@ void RackRelay::configure(RackRoute route) {
     throw std::invalid_argument("rack route: " + std::to_string(route.owners.size()) +
                                 " owner addresses for " + std::to_string(route.owner_ids.size()) +
                                 " owner ids");
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!conns_.empty()) throw std::logic_error("the rack route is set once, before any relay");
-  route_ = std::move(route);
-  conns_.assign(route_.owners.size(), nullptr);
-  outstanding_.assign(route_.owners.size(), 0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!conns_.empty()) throw std::logic_error("the rack route is set once, before any relay");
+    route_ = std::move(route);
+    conns_.assign(route_.owners.size(), nullptr);
+    outstanding_.assign(route_.owners.size(), 0);
+  }
+  configured_cv_.notify_all();
 }
 
 bool RackRelay::configured() const {
@@ -54,6 +57,7 @@ void RackRelay::stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
+    configured_cv_.notify_all();
     loop = std::move(loop_);
     FrameHeader bye{};
     bye.magic = kFrameMagic;
@@ -86,7 +90,12 @@ size_t RackRelay::position(Connection* c) const {
 }
 
 std::shared_ptr<Connection> RackRelay::link_to(uint32_t owner_id, std::string* why, size_t* at) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // The membership reaches workers and servers at once, so a rack's first sums can arrive
+  // before this server has set its route from it: wait for the route (bounded).
+  if (route_.owners.empty())
+    configured_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
+                            [this] { return stopping_ || !route_.owners.empty(); });
   if (stopping_) {
     *why = "the server is stopping";
     return nullptr;

@@ -7,6 +7,7 @@
 // owner waits for it like for any pusher; its connections carry kRelayConnBit in their
 // connection index so the owner names it "rack server N" in its reports.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,7 @@ class RackRelay : public FrameHandler {
   Fail fail_;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
   mutable std::mutex mu_;
+  std::condition_variable configured_cv_;  // the route arrived, or the relay stops
   RackRoute route_;
   std::vector<std::shared_ptr<Connection>> conns_;  // by owner position; null: not yet
   // Sums sent to each owner and not answered yet: an uplink that closes with none
