@@ -57,7 +57,7 @@ __all__ = ["SufficientFactors"]
 _TOLERANCE = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
 
 
-class _KeepOutputGradient(mx.autograd.Function):  # type: ignore[misc]
+class _KeepOutputGradient(mx.autograd.Function):
     """Identity on a Dense's pre-activation output; its backward keeps the gradient."""
 
     def __init__(self, pair: List[Optional[NDArray]]) -> None:
@@ -263,10 +263,7 @@ class SufficientFactors:
             for layer in self.layers
         ]
         mine = np.array(
-            [
-                int(c.batch > 0 and c.name not in blocked and c.use_factors(self.how))
-                for c in costs
-            ],
+            [int(c.batch > 0 and c.name not in blocked and c.use_factors(self.how)) for c in costs],
             dtype=np.int64,
         )
         if self.layers:

@@ -493,10 +493,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 # Allgathered as factors (never pushed); the same scaling as below.
                 scale = (1.0 / f) * (f / ps.size())
                 try:
-                    handle = sfb.start(i, grad, scale, f"{self._fastps_prefix}sfb.{i}")
+                    factors = sfb.start(i, grad, scale, f"{self._fastps_prefix}sfb.{i}")
                 except FastPSError as exc:
                     raise type(exc)(f"parameter '{param.name}': {exc}") from None
-                pending.append((i, handle, grad, None, grad))
+                pending.append((i, factors, grad, None, grad))
                 continue
             if f != 1.0:
                 grad *= 1.0 / f

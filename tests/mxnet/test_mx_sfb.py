@@ -22,8 +22,9 @@ def test_gluon_sfb_equals_dense() -> None:
         assert out.count(f"SFB OK {case}") == 2, (case, out[-4000:])
     # Rank 0 printed the decision per layer, once per trainer.
     lines = [line for line in out.splitlines() if "fastps SFB   " in line]
-    assert any("wide" in line and "-> sufficient factors" in line for line in lines), out[-4000:]
-    assert any("thin" in line and "-> servers" in line for line in lines), out[-4000:]
+    assert any("_wide_weight: 256x256, 4 rows x 2 workers" in line for line in lines), out[-4000:]
+    assert any("_wide_weight" in line and "-> sufficient factors" in line for line in lines)
+    assert any("_thin_weight" in line and "-> servers" in line for line in lines), out[-4000:]
     for reason in (
         "hybridized: the cached graph bypasses the capture",
         "weight shared with another block",

@@ -10,8 +10,9 @@ under test, trains both on this rank's share of the same batches and compares:
   ``flatten=False`` Dense on a sequence input and a bias-free Dense only rank 0 runs.
 * ``train``: random float64 data, SGD-momentum for 5 steps: parameters equal the dense
   run's within 1e-12 and a one-process run on the whole batch within 1e-9.
-* ``auto``: the cost model sends the wide layer as factors and the narrow head through
-  the servers, on every rank alike; two steps equal the dense path.
+* ``auto``: the cost model sends the wide layer as factors and the narrow head (whose
+  shape Gluon infers at the first forward) through the servers, on every rank alike; two
+  steps equal the dense path.
 * ``fallbacks``: a hybridized net, a shared weight, ``grad_req='add'``, compression and no
   ``model=`` keep the servers (with the reason printed); a bad FASTPS_SFB fails clearly.
 * ``outside`` / ``late``: a loss term on a weight, and hybridizing after the choice, are
@@ -124,9 +125,7 @@ def case_exact() -> None:
             check(got == DENSE_WEIGHTS, f"every Dense weight sends factors under on, got {got}")
     names = list(Net().collect_params().keys())
     for name, a, b in zip(names, grads[0], grads[1]):
-        check(
-            np.array_equal(a, b), f"exact: gradient of {name} differs: {np.abs(a - b).max()}"
-        )
+        check(np.array_equal(a, b), f"exact: gradient of {name} differs: {np.abs(a - b).max()}")
     check(any(np.abs(g).max() > 0 for g in grads[1]), "exact: the gradients are all zero")
     print(f"rank {hvd.rank()}: SFB OK exact", flush=True)
 
@@ -181,8 +180,8 @@ class Wide(gluon.Block):
     def __init__(self) -> None:
         super().__init__()
         with self.name_scope():
-            self.wide = nn.Dense(256, activation="tanh", in_units=256, dtype=F64)
-            self.thin = nn.Dense(2, in_units=256, dtype=F64)
+            self.wide = nn.Dense(256, activation="tanh", in_units=256, dtype=F64, prefix="wide_")
+            self.thin = nn.Dense(2, dtype=F64, prefix="thin_")  # shape deferred to the forward
 
     def forward(self, x: Any) -> Any:
         return self.thin(self.wide(x))
