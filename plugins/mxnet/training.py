@@ -386,7 +386,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _sufficient_factors(self, model: Any) -> Optional[SufficientFactors]:
         """The Dense weights that may travel as sufficient factors (sfb.py), or None."""
         how = _sfb_mode()
-        if how == "off" or not self._fastps_active():
+        if how == "off" or not _api.is_initialized() or not self._fastps_active():
             return None
         if model is None:
             warnings.warn(
