@@ -32,3 +32,20 @@ def test_gluon_sfb_equals_dense() -> None:
         "all layers use the servers: gradient compression is on",
     ):
         assert reason in out, (reason, out[-4000:])
+
+
+def test_gluon_sfb_with_cross_barrier_equals_dense() -> None:
+    """Cross-barrier updates: the factor weights' waits stay in step(), the others go to
+    the engine; 5 steps still equal the dense path and one process."""
+    res = fastpsrun(
+        2, WORKERS / "sfb_worker_mx.py", "train", env={"FASTPS_CROSS_BARRIER": "1"}, timeout=240
+    )
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert res.stdout.count("SFB OK train") == 2, res.stdout[-4000:]
+
+
+def test_gluon_sfb_in_a_process_set_equals_dense() -> None:
+    """3 processes, a set of ranks 0 and 1: the set's broadcast and allgather."""
+    res = fastpsrun(3, WORKERS / "sfb_worker_mx.py", "set", timeout=240)
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert res.stdout.count("SFB OK set") == 3, res.stdout[-4000:]

@@ -17,6 +17,8 @@ under test, trains both on this rank's share of the same batches and compares:
   ``model=`` keep the servers (with the reason printed); a bad FASTPS_SFB fails clearly.
 * ``outside`` / ``late``: a loss term on a weight, and hybridizing after the choice, are
   errors naming the layer.
+* ``set`` (3 processes): within a process set of ranks 0 and 1, SFB equals the set's dense
+  path; rank 2, outside it, trains alone.
 
 Prints ``SFB OK <case>`` per case.
 """
@@ -159,6 +161,10 @@ def case_train() -> None:
         train(net, trainer, mine)
         if how == "on":
             check(chosen_layers(net, trainer) == DENSE_WEIGHTS, "train: all layers chosen")
+            if os.environ.get("FASTPS_CROSS_BARRIER") == "1":
+                # The 4 biases' waits went to the engine, 5 steps; the factor weights' did not.
+                check(trainer._fastps_cb, "train: cross-barrier is on")
+                check(trainer._fastps_deferred == 5 * 4, f"deferred {trainer._fastps_deferred}")
         results.append(params_of(net))
     dense, sfb = results
     for a, b in zip(dense, sfb):
@@ -297,6 +303,30 @@ def case_late() -> None:
     else:
         check(False, "late: hybridizing after the choice was accepted")
     print(f"rank {hvd.rank()}: SFB OK late", flush=True)
+
+
+def case_set() -> None:
+    """3 processes, a process set of ranks 0 and 1 (rank 2 builds the same trainers and
+    trains alone): SFB through the set's broadcast and allgather equals the set's dense
+    path."""
+    ps = hvd.add_process_set([0, 1])
+    inside = hvd.rank() in (0, 1)
+    data = batches(3, 16)
+    mine = [(x[8 * (hvd.rank() % 2) :][:8], y[8 * (hvd.rank() % 2) :][:8]) for x, y in data]
+    results = []
+    for how in ("off", "on"):
+        net = build(6)
+        trainer = make_trainer(net, how, model=net, process_set=ps)
+        train(net, trainer, mine)
+        if how == "on" and inside:
+            check(chosen_layers(net, trainer) == DENSE_WEIGHTS, "set: all layers chosen")
+        results.append(params_of(net))
+    for a, b in zip(*results):
+        err = float(np.abs(a - b).max())
+        check(err < 1e-12, f"set: a parameter differs from the set's dense path by {err}")
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(params_of(build(6)), results[1]))
+    check(moved > 1e-3, f"set: the parameters hardly moved ({moved})")
+    print(f"rank {hvd.rank()}: SFB OK set", flush=True)
 
 
 def main() -> int:
