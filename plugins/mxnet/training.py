@@ -16,12 +16,15 @@ from fastps import collectives as C
 from fastps.async_mode import DeltaExchange, async_requested, current_mode
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
 from fastps.compression import default_compressor
+from fastps.elastic.wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
 from fastps.fusion_plan import FusionPlan
+from fastps.sfb import mode as _sfb_mode
 
 from . import engine_wait as EW
 from .compression import Compression, is_core
 from .ops import MXHandle, _start, allreduce_async_, broadcast_async_, dtype_name
+from .sfb import SufficientFactors
 
 __all__ = ["broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
 
@@ -298,6 +301,10 @@ class DistributedTrainer(mx.gluon.Trainer):
     servers, every worker's deltas included. The first step starts the servers from rank
     0's parameters. ``pull_parameters()`` / ``push_parameters()`` read them (a checkpoint
     from any worker) or replace them with rank 0's.
+
+    ``model``: the Block whose ``Dense`` weights may be synchronised as sufficient factors
+    instead of through the servers (``FASTPS_SFB=auto|on``, default off; ``sfb.py`` and
+    docs/sfb.md).
     """
 
     def __init__(
@@ -312,6 +319,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         process_set: ProcessSet = global_process_set,
         op: Any = ReduceOp.AVERAGE,
         cross_barrier: Optional[bool] = None,
+        model: Any = None,
         **kwargs: Any,
     ) -> None:
         asynchronous = async_requested(kwargs, current_mode(), "DistributedTrainer")
@@ -373,6 +381,39 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._fastps_async: Optional[DeltaExchange] = (
             DeltaExchange("DistributedTrainer(async)") if asynchronous else None
         )
+        self._fastps_sfb = self._sufficient_factors(model)
+
+    def _sufficient_factors(self, model: Any) -> Optional[SufficientFactors]:
+        """The Dense weights that may travel as sufficient factors (sfb.py), or None."""
+        how = _sfb_mode()
+        if how == "off" or not _api.is_initialized() or not self._fastps_active():
+            return None
+        if model is None:
+            warnings.warn(
+                f"fastps: FASTPS_SFB={how} needs DistributedTrainer(model=...) to find the "
+                "Dense layers; every gradient uses the servers",
+                stacklevel=3,
+            )
+            return None
+        why_not = None
+        if self._fastps_compression not in (None, Compression.none):
+            why_not = "gradient compression is on"
+        elif self._fastps_op == ReduceOp.ADASUM:
+            why_not = "op=Adasum combines the updates, not the gradients"
+        elif self._fastps_async is not None:
+            why_not = "async mode exchanges parameters, not gradients"
+        elif _elastic_enabled():
+            why_not = "elastic jobs change the worker count the choice was made for"
+        sfb = SufficientFactors(
+            model,
+            {id(p): i for i, p in enumerate(self._params)},
+            how,
+            self._fastps_set,
+            self._fastps_priority,
+            why_not,
+        )
+        weakref.finalize(self, sfb.close)
+        return sfb
 
     def step(self, batch_size: float, ignore_stale_grad: bool = False) -> None:
         EW.raise_pending_error("DistributedTrainer")
@@ -440,7 +481,23 @@ class DistributedTrainer(mx.gluon.Trainer):
         fuse = ps is global_process_set and _api.fusion_enabled()  # only the core's path
         rows: List[Tuple[str, int, str, int]] = []
         pending: List[Tuple[int, Any, NDArray, Any, NDArray]] = []
-        for i, param, grad in self._local_grads():
+        local = self._local_grads()
+        sfb = self._fastps_sfb
+        if sfb is not None:
+            sfb.decide(f"{self._fastps_prefix}sfb.choice")  # once, collective: see sfb.py
+            sfb.prepare(
+                [(i, g, bool(p.list_data()[0]._fresh_grad)) for i, p, g in local if sfb.chosen(i)]
+            )
+        for i, param, grad in local:
+            if sfb is not None and sfb.chosen(i):
+                # Allgathered as factors (never pushed); the same scaling as below.
+                scale = (1.0 / f) * (f / ps.size())
+                try:
+                    factors = sfb.start(i, grad, scale, f"{self._fastps_prefix}sfb.{i}")
+                except FastPSError as exc:
+                    raise type(exc)(f"parameter '{param.name}': {exc}") from None
+                pending.append((i, factors, grad, None, grad))
+                continue
             if f != 1.0:
                 grad *= 1.0 / f
             core = self._fastps_core_compression
