@@ -222,9 +222,7 @@ class SufficientFactors:
             captured = bool(unknown or costs)
             mine[0] = int(not captured and self.waited < _WAIT)
             name = f"fastps.sfb.tf.{self.sync_id}.{self.waited}"
-            agreed = E.call(
-                lambda: C.broadcast_async(mine, "int64", root, name, ps).synchronize()
-            )
+            agreed = E.call(lambda: C.broadcast_async(mine, "int64", root, name, ps).synchronize())
             if agreed[0]:
                 self.waited += 1
                 self.drop_pending()
@@ -253,7 +251,9 @@ class SufficientFactors:
                     + ", ".join(unknown)
                 )
             if unseen:
-                lines.append("fastps SFB   no rows in the first step, servers: " + ", ".join(unseen))
+                lines.append(
+                    "fastps SFB   no rows in the first step, servers: " + ", ".join(unseen)
+                )
             for line in lines:
                 print(line, file=sys.stderr, flush=True)
         for entry in self.layers:
@@ -271,7 +271,11 @@ class SufficientFactors:
                 kernel = entry.layer.kernel
                 by_var[id(kernel)] = entry
                 by_var[id(getattr(kernel, "value", kernel))] = entry
-        return {i: by_var[id(variables[i])] for i in live if i < len(variables) and id(variables[i]) in by_var}
+        return {
+            i: by_var[id(variables[i])]
+            for i in live
+            if i < len(variables) and id(variables[i]) in by_var
+        }
 
     def start(self, entry: _Layer, local: tf.Tensor, name: str, scale: float) -> O.Handle:
         """Starts the allgather of the layer's factor rows; the handle's result is
@@ -318,7 +322,7 @@ class SufficientFactors:
             gathered = outs[0]
             summed = tf.matmul(gathered[:, :n_in], gathered[:, n_in:], transpose_a=True)
             if scale != 1.0:
-                summed = summed * tf.cast(scale, dtype)
+                summed = summed * tf.constant(scale, dtype)  # not via float32
             return tf.reshape(summed, [n_in, n_out])
 
         inputs = [factors, local] if check else [factors]

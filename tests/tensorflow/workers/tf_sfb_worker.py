@@ -155,9 +155,7 @@ def tape_case(graph: bool) -> None:
             with tape:
                 tape.watch(sources)  # the same watch order (priorities) on both ranks
                 loss = tf.reduce_mean(tf.square(net(x, training=True) - y))
-            grads = tape.gradient(
-                loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO
-            )
+            grads = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             opt.apply(grads, net.trainable_variables)
 
         fn = tf.function(step) if graph else step
@@ -180,9 +178,7 @@ def fit_case() -> None:
         net = make_net()
         opt = with_mode(
             mode,
-            lambda: hvd.DistributedOptimizer(
-                keras.optimizers.SGD(0.05, momentum=0.9), model=net
-            ),
+            lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), model=net),
         )
         net.compile(optimizer=opt, loss="mse", jit_compile=False)
         # 18 rows: the last batch of each epoch has 2 rows, which Keras runs in a second
@@ -206,11 +202,16 @@ def auto_case() -> None:
     traced without a batch size keeps the servers."""
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
-        [keras.layers.Dense(256, dtype=F64, name="wide"), keras.layers.Dense(2, dtype=F64, name="head")]
+        [
+            keras.layers.Dense(256, dtype=F64, name="wide"),
+            keras.layers.Dense(2, dtype=F64, name="head"),
+        ]
     )
     model.build((None, 256))
     x = np.random.RandomState(RANK).randn(4, 256)
-    opt = with_mode("auto", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), model=model))
+    opt = with_mode(
+        "auto", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), model=model)
+    )
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(model(x, training=True))
     grads = tape.gradient(loss, model.trainable_variables)
@@ -223,7 +224,9 @@ def auto_case() -> None:
     keras.utils.set_random_seed(1)
     other = keras.Sequential([keras.layers.Dense(256, dtype=F64, name="traced")])
     other.build((None, 256))
-    opt2 = with_mode("auto", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), model=other))
+    opt2 = with_mode(
+        "auto", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01), model=other)
+    )
 
     @tf.function(input_signature=[tf.TensorSpec([None, 256], tf.float64)])
     def step(x: Any) -> None:
