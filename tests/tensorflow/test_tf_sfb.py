@@ -16,7 +16,7 @@ def test_sfb_equals_dense_path() -> None:
     assert p.returncode == 0, tail(p)
     for r in range(2):
         assert f"rank {r} OK" in p.stdout, tail(p)
-    assert len(re.findall(r"rank 0 .*: ok", p.stdout)) == 6, tail(p)
+    assert len(re.findall(r"rank 0 .*: ok", p.stdout)) == 7, tail(p)
     # rank 0 prints the cost model's choice per layer, once per model
     assert re.search(
         r"fastps SFB +wide/kernel: 256x256, 4 rows x 2 workers: .*-> sufficient factors", p.stderr

@@ -21,7 +21,7 @@ import fastps.tensorflow.keras as hvd  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from fastps.tensorflow import DistributedGradientTape, FastPSError  # noqa: E402
+from fastps.tensorflow import DistributedGradientTape, FastPSError, add_process_set  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -136,8 +136,9 @@ def integer_case() -> None:
 # ------------------------------------------------------------------ custom loops
 
 
-def tape_case(graph: bool) -> None:
-    """Five momentum steps with DistributedGradientTape, eagerly or in tf.function."""
+def tape_case(graph: bool, process_set: Any = None) -> None:
+    """Five momentum steps with DistributedGradientTape, eagerly or in tf.function (in a
+    process set: its broadcast and allgather, and the dense path's through the layer)."""
 
     def run(mode: str) -> tuple:
         net = make_net()
@@ -150,7 +151,9 @@ def tape_case(graph: bool) -> None:
             sources = [v.value for v in net.trainable_variables]
             # Recording with the distributed tape: the layers are patched before the
             # forward pass, so even the first step (and the first trace) has factors.
-            tape = with_mode(mode, lambda: DistributedGradientTape(model=net))
+            tape = with_mode(
+                mode, lambda: DistributedGradientTape(model=net, process_set=process_set)
+            )
             holder[:] = [tape._reducer.sfb]
             with tape:
                 tape.watch(sources)  # the same watch order (priorities) on both ranks
@@ -167,8 +170,9 @@ def tape_case(graph: bool) -> None:
     dense, _ = run("off")
     factored, n = run("on")
     assert n == 4 * 5, n  # a, b, only0, head: every kernel by factors, five steps
-    compare(f"tape {'graph' if graph else 'eager'}", factored, dense, exact=False)
-    say(f"tape {'graph' if graph else 'eager'}: ok")
+    label = f"tape {'graph' if graph else 'eager'}{'' if process_set is None else ' set'}"
+    compare(label, factored, dense, exact=False)
+    say(f"{label}: ok")
 
 
 def fit_case() -> None:
@@ -263,6 +267,7 @@ def error_case() -> None:
 integer_case()
 tape_case(graph=False)
 tape_case(graph=True)
+tape_case(graph=False, process_set=add_process_set([0, 1]))
 fit_case()
 auto_case()
 error_case()
