@@ -145,7 +145,7 @@ class SufficientFactors:
         def call(inputs: Any, training: Any = None) -> Any:
             me = ref()
             if me is None or not isinstance(inputs, (tf.Tensor, np.ndarray)):
-                # a sparse input: Dense's own matmul, no factors (see _capture)
+                # a sparse input: Dense's own matmul, no factors (start() refuses it)
                 if me is not None:
                     entry.uncaptured = f"input of type {type(inputs).__name__}"
                 return type(layer).call(layer, inputs, training)
@@ -422,6 +422,7 @@ def attach(reducer: Any, model: Any, who: str, why_not: Optional[str] = None) ->
     sfb = _shared.get(key)
     if sfb is None or sfb.model() is not model:
         sfb = _shared[key] = SufficientFactors(model, how, reducer.process_set, why_not)
+        weakref.finalize(model, _shared.pop, key, None)  # the cache holds the layers
     reducer.sfb = sfb
 
 
