@@ -261,6 +261,27 @@ def error_case() -> None:
     except FastPSError as exc:
         err = exc
     assert err is not None and "penalised/kernel" in str(err), err
+
+    # The same inside tf.function: the check runs in the start op, which fails the step.
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.layers.Dense(4, dtype=F64, name="penalised_graph")])
+    model.build((None, 3))
+    layer = model.layers[0]
+
+    @tf.function
+    def step(x: Any) -> Any:
+        tape = with_mode("on", lambda: DistributedGradientTape(model=model))
+        with tape:
+            out = tf.reduce_sum(model(x, training=True))
+            loss = out + tf.reduce_sum(tf.square(layer.kernel))
+        return tape.gradient(loss, model.trainable_variables)
+
+    err = None
+    try:
+        step(tf.constant(x))
+    except tf.errors.OpError as exc:
+        err = exc
+    assert err is not None and "penalised_graph/kernel" in str(err), err
     say("error: ok")
 
 
