@@ -66,6 +66,7 @@ from . import _engine as E
 from . import _graph as G
 from . import ops as O
 from .compression import Compression, Compressor
+from .sfb import SFB_PREFIX, SufficientFactors
 
 
 class _Direct:
@@ -184,6 +185,9 @@ class GradientReducer:
         # Settings every worker must share besides the tensors (e.g. the passes per step of
         # local aggregation): part of the group check and of the names.
         self.settings = [str(x) for x in settings]
+        # Dense kernels that may travel as sufficient factors (sfb.py); set by the
+        # optimizer or tape given model=... under FASTPS_SFB=auto|on.
+        self.sfb: Optional[SufficientFactors] = None
 
     def _group(self, grads: Sequence[Any], variables: Sequence[Any], live: List[int]) -> E.Group:
         group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
@@ -216,6 +220,8 @@ class GradientReducer:
         # Alone, nothing to reduce; but a graph traced alone in an elastic job may run
         # in a bigger world later, so it reduces anyway (a sum over one rank).
         if ps.size() == 1 and (eager or not E.world_may_change()):
+            if self.sfb is not None:
+                self.sfb.drop_pending()
             factor = self.prescale_factor * self.postscale_factor
             if factor == 1.0:
                 return grads
@@ -234,9 +240,18 @@ class GradientReducer:
             G.check_op(self.kind, group, what)
             order = sorted(live, key=lambda i: forward_order[i], reverse=True)
 
+        # Chosen Dense kernels: their factor rows are allgathered instead (sfb.py).
+        factored = self.sfb.split(variables, live) if self.sfb is not None else {}
+        exchanges: List[Tuple[int, O.Handle]] = []
         ready: List[Tuple[int, tf.Tensor, Any]] = []  # (index, compressed, ctx)
         for i in order:
             g = grads[i]
+            if i in factored:
+                assert self.sfb is not None
+                name = SFB_PREFIX + names[i]
+                handle = self.sfb.start(factored[i], tf.convert_to_tensor(g), name, self._scale())
+                exchanges.append((i, handle))
+                continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
                     # Allgathered, not summed (Horovod's IndexedSlices path).
@@ -254,7 +269,11 @@ class GradientReducer:
             E.check_dtype(g.dtype, f"gradient '{names[i]}'")
             compressed, ctx = (g, None) if self.core else self.compression.compress(g)
             ready.append((i, compressed, ctx))
+        if self.sfb is not None:
+            self.sfb.drop_pending()  # rows of layers whose gradient is not reduced here
         if not ready:
+            for i, handle in exchanges:
+                out[i] = handle.synchronize()
             return out
 
         # Eagerly: one start for all; in a graph: one start op per gradient (each fires
@@ -271,7 +290,15 @@ class GradientReducer:
         for members, handle in reversed(started) if not eager else started:
             for (i, _, ctx), r in zip(members, handle.synchronize()):
                 out[i] = r if self.core else self.compression.decompress(r, ctx)
+        for i, handle in exchanges:
+            out[i] = handle.synchronize()
         return out
+
+    def _scale(self) -> float:
+        """What the sum of a gradient is multiplied by (Average: divided by the set size,
+        fixed here: factors are not used where the world may change)."""
+        scale = float(self.prescale_factor) * float(self.postscale_factor)
+        return scale / self.process_set.size() if self.op == O.Average else scale
 
     @E.no_autograph
     def start_each(
@@ -282,7 +309,7 @@ class GradientReducer:
         for cross-barrier updates. None when not every gradient can take the direct path
         (a process set, Min/Max, a sparse or integer gradient; compression done by the
         plugin's Compressor is fine): the caller then reduces synchronously."""
-        if not E.executing_eagerly() or not self._direct():
+        if not E.executing_eagerly() or not self._direct() or self.sfb is not None:
             return None
         grads = list(grads)
         live = [i for i, g in enumerate(grads) if g is not None]

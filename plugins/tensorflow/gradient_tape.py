@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from . import _engine as E
 from . import ops as O
+from . import sfb as SFB
 from ._reducer import GradientReducer
 from .compression import Compression, Compressor
 
@@ -35,7 +36,9 @@ class DistributedGradientTape:
     ``sparse_as_dense=True`` sends ``tf.IndexedSlices`` gradients as dense tensors;
     otherwise they are gathered. ``num_groups=k`` bundles the gradients into k groups of
     one start and one wait op each inside graphs (fewer Python calls per step).
-    ``process_set`` reduces among that set's ranks only.
+    ``process_set`` reduces among that set's ranks only. ``model``: the Keras 3 model whose
+    ``Dense`` kernels may be synchronised as sufficient factors under
+    ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/sfb.md); give the same model to every tape.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class DistributedGradientTape:
         scale_local_gradients: bool = True,
         persistent: bool = False,
         watch_accessed_variables: bool = True,
+        model: Any = None,
     ) -> None:
         # Accepted for Horovod compatibility: CPU path only; fastps orders by priority
         # instead of explicit groups.
@@ -79,6 +83,7 @@ class DistributedGradientTape:
             process_set=process_set,
         )
 
+        SFB.attach(self._reducer, model, "DistributedGradientTape")
         self._local: Dict[int, None] = {}  # ids of sources whose gradients stay local
         self._scale_local = bool(scale_local_gradients)
         self._set_size = (O._ps(process_set)).size

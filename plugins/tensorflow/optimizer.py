@@ -13,6 +13,7 @@ from fastps.async_mode import async_requested, current_mode
 from . import _engine as E
 from . import cross_barrier as CB
 from . import ops as O
+from . import sfb as SFB
 from ._reducer import GradientReducer
 from .async_optimizer import make_async_optimizer
 from .compression import Compression, Compressor
@@ -172,6 +173,7 @@ def DistributedOptimizer(
     process_set: Any = None,
     scale_local_gradients: bool = True,
     cross_barrier: Optional[bool] = None,
+    model: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
@@ -202,6 +204,8 @@ def DistributedOptimizer(
     ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
     asynchronous training against parameters the servers keep (``async_optimizer.py``,
     docs/async.md); the reduction arguments then do not apply.
+    ``model``: the Keras 3 model (or layer) whose ``Dense`` kernels may be synchronised as
+    sufficient factors under ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/sfb.md).
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups
@@ -220,6 +224,7 @@ def DistributedOptimizer(
         cross_barrier,
         [],
         kwargs,
+        model=model,
     )
 
 
@@ -315,6 +320,7 @@ def _distributed(
     local_layers: List[Any],
     kwargs: Dict[str, Any],
     who: str = "DistributedOptimizer",
+    model: Any = None,
 ) -> Any:
     passes = check_passes(backward_passes_per_step)
     import keras
@@ -371,6 +377,12 @@ def _distributed(
         if passes > 1
         else None
     )
+    SFB.attach(
+        reducer,
+        model,
+        who,
+        "local gradient aggregation (backward_passes_per_step > 1)" if passes > 1 else None,
+    )
     grads = OptimizerGradients(reducer, scale_local_gradients, process_set, aggregation)
     for layer in local_layers:
         grads.add_local_layer(layer)
@@ -390,6 +402,8 @@ def _distributed(
             why = "a process set"
         if why is None and aggregation is not None:
             why = "local gradient aggregation (backward_passes_per_step > 1)"
+        if why is None and reducer.sfb is not None:
+            why = "FASTPS_SFB (a kernel's sum is rebuilt from factors)"
         if why is None:
             cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
         else:
