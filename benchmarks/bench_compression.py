@@ -148,21 +148,12 @@ def child_ddp(args: argparse.Namespace) -> None:
     """DDP over Gloo on the model's gradient shapes: each backward hands DDP this rank's
     fixed random gradients (the forward computes nothing), so an iteration is DDP's own
     work: bucket copies, the comm hook, the all-reduce."""
-    import datetime
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=n,
-        timeout=datetime.timedelta(seconds=int(args.run_timeout)),
-    )
+    rank, n = rc.init_gloo_from_env(int(args.run_timeout))
     shapes = [shape for _, shape in rc.gradient_shapes(args.model, args.scale)]
     gen = torch.Generator().manual_seed(rank)
     grads = [torch.randn(shape, generator=gen) * 1e-2 for shape in shapes]

@@ -17,7 +17,13 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Dict, List
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import rack_common as rc  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
@@ -63,11 +69,7 @@ def child_gloo(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo", init_method=os.environ["INIT_METHOD"], rank=rank, world_size=world
-    )
+    rank, _ = rc.init_gloo_from_env(args.timeout)
     ts = [torch.from_numpy(a) for a in _tensors(args.total_mb, args.tensor_mb, rank)]
     times: List[float] = []
     for it in range(args.warmup + args.iters):
@@ -127,11 +129,16 @@ def run_fastps(args: argparse.Namespace, workers: int, servers: int) -> float:
 
 
 def run_gloo(args: argparse.Namespace, workers: int) -> float:
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    port = str(_free_port())
     procs = []
     for r in range(workers):
         env = dict(
-            os.environ, RANK=str(r), WORLD_SIZE=str(workers), INIT_METHOD=init, OMP_NUM_THREADS="1"
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            RANK=str(r),
+            WORLD_SIZE=str(workers),
+            OMP_NUM_THREADS="1",
         )
         procs.append(
             subprocess.Popen(

@@ -256,14 +256,11 @@ def fastps_worker(args: argparse.Namespace) -> None:
 
 
 def ddp_worker(args: argparse.Namespace) -> None:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank, size = rc.init_gloo_from_env(args.timeout)
     batches = Batches(args, rank, size)
     model, opt = build_training(args, size, False)
     ddp = torch.nn.parallel.DistributedDataParallel(model)

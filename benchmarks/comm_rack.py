@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -149,21 +148,12 @@ def _buckets(sizes: Sequence[Tuple[str, int]], bucket_bytes: int) -> List[List[i
 
 
 def child_gloo(args: argparse.Namespace) -> None:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     sizes = _child_common(args)
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=n,
-        timeout=datetime.timedelta(seconds=args.op_timeout),
-    )
+    rank, n = rc.init_gloo_from_env(args.op_timeout)
     want = n * (n + 1) / 2
     # Like DDP with gradient_as_bucket_view: each gradient is a view into a flat bucket.
     flats = [

@@ -3,7 +3,8 @@
 - gradient sets of real models (VGG-16, ResNet-50) as (name, shape) lists, in forward order;
 - the performance model of docs/design.md (BytePS Eq. 6 and ring all-reduce);
 - starting fastps (scheduler, servers, workers), torch.distributed Gloo and MXNet's
-  dist_sync KVStore on the hosts of a :class:`benchmarks.rack.Rack`;
+  dist_sync KVStore on the hosts of a :class:`benchmarks.rack.Rack`, and the Gloo peer's
+  own start from its environment (:func:`init_gloo_from_env`, also used on loopback);
 - ``RESULT {json}`` lines from child processes and CSV files with a provenance header.
 
 The topology follows BytePS: one summation server on every worker host (w0..w{n-1}) plus one
@@ -429,6 +430,30 @@ def start_gloo(
             rack.spawn(host, list(worker_argv), env=env, cwd=str(REPO), label=f"{label}-w{rank}")
         )
     return launch
+
+
+GLOO_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
+def init_gloo_from_env(timeout_s: float) -> Tuple[int, int]:
+    """The Gloo peer's side of :func:`start_gloo` (and of the loopback launchers that set the
+    same variables): joins torch.distributed's Gloo group through the TCP store at
+    MASTER_ADDR:MASTER_PORT as RANK of WORLD_SIZE, every collective bounded by ``timeout_s``.
+    Returns (rank, world size)."""
+    import torch.distributed as dist
+
+    missing = [k for k in GLOO_ENV if not os.environ.get(k)]
+    if missing:
+        raise RuntimeError(f"the Gloo peer needs {', '.join(missing)} in its environment")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return rank, world
 
 
 def start_mxnet(

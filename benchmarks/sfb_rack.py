@@ -172,19 +172,10 @@ def child_fastps(args: argparse.Namespace) -> None:
 
 
 def child_ddp(args: argparse.Namespace) -> None:
-    import datetime
-
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=n,
-        timeout=datetime.timedelta(seconds=args.op_timeout),
-    )
+    rank, n = rc.init_gloo_from_env(args.op_timeout)
     torch, model, x, target = _setup(args, rank)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)

@@ -8,11 +8,13 @@ import os
 import re
 import signal
 import time
+from typing import Dict
 
 import pytest
 from jobs import WORKERS, Job
 
 RACK_WORKER = os.path.join(WORKERS, "rack_worker.py")
+LATE_ROUTE_SERVER = os.path.join(WORKERS, "late_route_server.py")
 
 # name -> (FASTPS_SHM, worker hosts, worker racks, server hosts, server racks)
 LAYOUTS = {
@@ -86,6 +88,48 @@ def test_hierarchical_sums_are_exact(layout: str) -> None:
             assert m and m.group(2) != "none", job.dump()
             paced[rack] = paced.get(rack, False) or m.group(1) != "none"
         assert all(paced.values()), (paced, job.dump())
+
+
+def _late_route_job(mode: str, env: Dict[str, str]) -> Job:
+    """The "tcp" layout with rack b's servers (2 and 3, relaying as worker 2) setting their
+    route late (workers/late_route_server.py)."""
+    _, whosts, wracks, shosts, sracks = LAYOUTS["tcp"]
+    return Job(
+        len(whosts),
+        len(shosts),
+        [RACK_WORKER, "sum"],
+        env={"FASTPS_SHM": "0", "FASTPS_PARTITION_BYTES": "64K", **env},
+        worker_hosts=whosts,
+        server_hosts=shosts,
+        worker_racks=wracks,
+        server_racks=sracks,
+        custom={("server", s): [LATE_ROUTE_SERVER, mode] for s in (2, 3)},
+    )
+
+
+def test_rack_sums_before_the_route_wait_for_it() -> None:
+    # Rack b's first sums are summed before its servers have their route: they go up once
+    # the route comes, as the route's relay rank (2), and the owners take them.
+    with _late_route_job("after-sum", {}) as job:
+        job.wait(180)
+        for p in job.procs:
+            assert p.popen.returncode == 0, job.dump()
+        for s in (2, 3):
+            assert "ROUTE-LATE" in job.proc("server", s).output, job.dump()
+        for w in job.workers():
+            assert "RACK-OK" in w.output, job.dump()
+
+
+def test_a_route_that_never_comes_fails_by_server_and_part() -> None:
+    with _late_route_job("never", {"FASTPS_HANDSHAKE_TIMEOUT": "3"}) as job:
+        job.wait(120)
+        assert all(w.popen.returncode != 0 for w in job.workers()), job.dump()
+        assert re.search(
+            r"rack server [23] could not relay part \d+ of tensor id \d+ to its owner, server "
+            r"[01]: no route to owner server [01]: this server was given no rack route within "
+            r"3 s",
+            job.dump(),
+        ), job.dump()
 
 
 def test_a_process_without_a_rack_is_refused_by_name() -> None:

@@ -230,6 +230,7 @@ PYBIND11_MODULE(_core, m) {
       .def("parts_summed", &Server::parts_summed)
       .def("late_pushes", &Server::late_pushes)
       .def("refused_connections", &Server::refused_connections)
+      .def("rack_sums_awaiting_route", &Server::rack_sums_awaiting_route)
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
       .def("set_rack_pacing", &Server::set_rack_pacing, py::arg("answers_by_relay_id"),
            py::arg("up_by_owner"))

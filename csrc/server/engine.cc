@@ -318,7 +318,7 @@ void SumEngine::relay_up(KeyState& st, const FrameHeader& h) {
   parts_summed_++;
   std::string why;
   if (!relay_) why = "this server was given no rack route";
-  if (relay_) up.sender = relay_->rank();
+  // The relay stamps the sender (its rack's relay rank) once it has its route.
   if (!relay_ || !relay_->forward(pending.owner, up, sum, &why)) {
     relays_.erase(key);
     if (fatal_) fatal_(ctx.str() + why);

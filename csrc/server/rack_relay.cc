@@ -93,19 +93,28 @@ std::shared_ptr<Connection> RackRelay::link_to(uint32_t owner_id, std::string* w
   std::unique_lock<std::mutex> lock(mu_);
   // The membership reaches workers and servers at once, so a rack's first sums can arrive
   // before this server has set its route from it: wait for the route (bounded).
-  if (route_.owners.empty())
+  if (route_.owners.empty()) {
+    ++awaiting_route_;
     configured_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
                             [this] { return stopping_ || !route_.owners.empty(); });
+    --awaiting_route_;
+  }
   if (stopping_) {
     *why = "the server is stopping";
+    return nullptr;
+  }
+  if (route_.owners.empty()) {
+    std::ostringstream os;
+    os << "no route to owner server " << owner_id << ": this server was given no rack route within "
+       << timeout_s_ << " s (FASTPS_HANDSHAKE_TIMEOUT) of the sum";
+    *why = os.str();
     return nullptr;
   }
   size_t pos = route_.owner_ids.size();
   for (size_t i = 0; i < route_.owner_ids.size(); ++i)
     if (route_.owner_ids[i] == owner_id) pos = i;
   if (pos == route_.owner_ids.size()) {
-    *why = "no route to owner server " + std::to_string(owner_id) +
-           (route_.owners.empty() ? " (this server was given no rack route)" : "");
+    *why = "no route to owner server " + std::to_string(owner_id);
     return nullptr;
   }
   *at = pos;
@@ -132,14 +141,16 @@ std::shared_ptr<Connection> RackRelay::link_to(uint32_t owner_id, std::string* w
   return conns_[pos];
 }
 
-bool RackRelay::forward(uint32_t owner_id, const FrameHeader& h, const Payload& sum,
-                        std::string* why) {
+bool RackRelay::forward(uint32_t owner_id, FrameHeader h, const Payload& sum, std::string* why) {
   size_t pos = 0;
   auto conn = link_to(owner_id, why, &pos);
   if (!conn) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     outstanding_[pos]++;
+    // The owner authenticated this link as the route's rank and checks every frame's
+    // sender against it; the engine summed before the route may have been set.
+    h.sender = route_.rank;
   }
   if (!Link(conn, false).send(h, sum)) {
     *why = "the connection to " + conn->desc() + " is closed";

@@ -45,14 +45,16 @@ class RackRelay : public FrameHandler {
   // Caps the rate of the rack sums to each owner (bytes/s by owner position, 0: unpaced),
   // on open links and on those made later.
   void set_pacing(std::vector<double> per_owner);
-  uint32_t rank() const {
+  // Rack sums held back now because the route has not arrived yet (see link_to).
+  uint64_t awaiting_route() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return route_.rank;
+    return awaiting_route_;
   }
   // Sends a rack's sum to its owner (connecting on first use). h is the push as the
-  // owner must see it. False with *why when the owner cannot be reached.
-  // stop() says bye to the owners, so they do not take this server's exit for a crash.
-  bool forward(uint32_t owner_id, const FrameHeader& h, const Payload& sum, std::string* why);
+  // owner must see it, but for its sender: the route's relay rank, stamped here once the
+  // route is known (a sum may come before it). False with *why when the owner cannot be
+  // reached. stop() says bye to the owners, so they do not take this server's exit for a crash.
+  bool forward(uint32_t owner_id, FrameHeader h, const Payload& sum, std::string* why);
   void stop();
 
   void* on_header(Connection* c, const FrameHeader& h, std::string* why) override;
@@ -80,6 +82,7 @@ class RackRelay : public FrameHandler {
   std::vector<double> pacing_;  // bytes/s by owner position
   std::unique_ptr<EventLoop> loop_;
   bool stopping_ = false;
+  uint64_t awaiting_route_ = 0;  // callers of link_to waiting for the route
 };
 
 }  // namespace fastps

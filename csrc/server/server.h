@@ -32,6 +32,8 @@ class Server : public FrameHandler, public SlotSpace {
   // Quorum rounds: pushes answered after their round closed without them (docs/async.md).
   uint64_t late_pushes() const;
   int refused_connections() const { return refused_.load(); }
+  // Rack-level hierarchy: rack sums held back now until set_rack_route arrives.
+  uint64_t rack_sums_awaiting_route() const { return relay_ ? relay_->awaiting_route() : 0; }
   // Caps the rate of the answers to each worker rank, bytes/s per rank (0:
   // unpaced); applies to open connections and to those accepted later.
   void set_pacing(std::vector<double> per_rank);
