@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 def discovery_script(tmp_path: Path, text: str) -> tuple[Path, Path]:
@@ -27,8 +27,16 @@ def discovery_script(tmp_path: Path, text: str) -> tuple[Path, Path]:
 
 
 class LiveJob:
-    def __init__(self, args: Sequence[str], env: Dict[str, str], cwd: Optional[Path] = None):
-        cmd = [sys.executable, "-m", "fastps.launcher", *args]
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Dict[str, str],
+        cwd: Optional[Path] = None,
+        python: str = sys.executable,
+    ):
+        """``python`` runs fastpsrun (another environment's interpreter, e.g. one with
+        torchvision)."""
+        cmd = [python, "-m", "fastps.launcher", *args]
         self.proc = subprocess.Popen(
             cmd,
             env=env,
@@ -63,14 +71,18 @@ class LiveJob:
     def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
         """The first line from ``start`` on matching ``pattern``; fails after ``timeout`` s
         or when the job ended without it."""
+        return self.wait_for_line(pattern, timeout, start)[1]
+
+    def wait_for_line(self, pattern: str, timeout: float, start: int = 0) -> Tuple[int, re.Match]:
+        """Like ``wait_for``, with the line's index (``times[index]``: when it arrived)."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         with self._cv:
             while True:
-                for line in self.lines[start:]:
-                    m = rx.search(line)
+                for i in range(start, len(self.lines)):
+                    m = rx.search(self.lines[i])
                     if m:
-                        return m
+                        return i, m
                 ended = self.proc.poll() is not None and not self._reader.is_alive()
                 left = deadline - time.monotonic()
                 if ended or left <= 0:
