@@ -502,7 +502,11 @@ class _GradientSync:
 
     def in_flight(self) -> List[str]:
         """Gradients being averaged for a step() not yet called."""
-        return [e.name[len(GRAD_PREFIX) :] for e in self.entries if e.busy and not e.deferred]
+        return [
+            e.name[len(GRAD_PREFIX) :]
+            for e in self.entries
+            if (e.hid >= 0 or e.handle is not None) and not e.deferred  # busy, every zero_grad
+        ]
 
     def start_missing(self) -> None:
         """Starts the push_pull of every gradient whose hook has not (fewer backward
