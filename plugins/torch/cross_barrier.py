@@ -282,12 +282,17 @@ def _pending_class(cls: type) -> type:
     return pending
 
 
-def _mark(p: torch.Tensor, barrier: CrossBarrier) -> None:
-    """From now until its update is applied, reads of ``p`` apply it first."""
+def _mark(
+    p: torch.Tensor,
+    barrier: CrossBarrier,
+    ref: Optional[weakref.ReferenceType[CrossBarrier]] = None,
+) -> None:
+    """From now until its update is applied, reads of ``p`` apply it first. ``ref``: a weak
+    reference to ``barrier`` made once (a step marks every parameter)."""
     cls = type(p)
     if cls not in _PENDING_CLASSES:
         p.__class__ = _pending_class(cls)
-    _barrier_of[id(p)] = barrier.ref
+    _barrier_of[id(p)] = ref if ref is not None else weakref.ref(barrier)
 
 
 def _restore(p: torch.Tensor) -> None:
@@ -403,7 +408,7 @@ class CrossBarrier:
                     now.append(e)  # no module forward announces it: nothing would wait
                 else:
                     pending[key] = e
-                    _mark(p, self)
+                    _mark(p, self, self.ref)
             sync.reset_passes()
             if sync.order.learning and sync.order.seen:
                 self._hook_modules(sync.order.owners())
