@@ -765,31 +765,42 @@ def push_pull_inplace_id(
     For plugins that keep one record per tensor and reuse it every iteration: no handle
     object is made, so nothing the garbage collector tracks stays alive per tensor while
     the op runs (``docs/torch.md``, "Garbage collection"). The caller keeps the memory
-    alive and must finish the op with :func:`wait_id` (or see it done with
-    :func:`poll_id`), passing the same ``name``, before it lets go of the memory."""
-    st = _st()
-    if in_submission_batch():
+    alive and must finish the op with :func:`wait_id` or :func:`try_wait_id` (or see it
+    done with :func:`poll_id`), passing the same ``name``, before it lets go of the memory."""
+    st = _state
+    if st is None:
+        st = _st()  # raises
+    batch = getattr(_batching, "batch", None)
+    if batch is not None and batch.st is st:
         raise FastPSError(
             f"tensor '{name}': push_pull_inplace_id cannot start inside a submission batch "
             "(its id exists only once the batch starts); use push_pull_raw there"
         )
-    spec = _compression.spec_for(compression, name, nbytes, dtype)
-    _declare_sig(st, name, shape, dtype, priority, spec)
+    # The per-gradient path of the plugins: every step is paid once per tensor, so the
+    # declaration is checked without its lock first and the stall inspector takes one lock.
+    spec = "" if compression is None else _compression.spec_for(compression, name, nbytes, dtype)
+    if st.client is not None:
+        known = st.declared.get(name)
+        if known is None or known[0] != (shape, dtype, priority, spec):
+            _declare_sig(st, name, shape, dtype, priority, spec)
     rec = timeline_recorder.active()
     if rec is not None:
         rec.note(name)
     stall = st.stall
-    rnd = st.counts.add(name, stall.in_flight if stall is not None else list)
+    rnd = stall.submit(name) if stall is not None else st.counts.add(name)
     st.bytes += nbytes
     try:
-        hid = int(
-            st.worker.push_pull(ptr, ptr, nbytes, dtype, name, priority, scale, compression=spec)
+        # positional: pybind matches keyword arguments by name on every call
+        hid = st.worker.push_pull(
+            ptr, ptr, nbytes, dtype, name, priority, scale, True, True, 0, 0, spec
         )
-    except (RuntimeError, ValueError) as exc:
-        raise _explain(st, exc) from None
-    if stall is not None:
-        stall.submitted(name, rnd)  # the inspector's round: the latest of this name
-    return hid
+    except BaseException as exc:
+        if stall is not None:
+            stall.finished(name, rnd)  # never submitted
+        if isinstance(exc, (RuntimeError, ValueError)):
+            raise _explain(st, exc) from None
+        raise
+    return int(hid)
 
 
 def in_submission_batch() -> bool:
@@ -801,7 +812,7 @@ def in_submission_batch() -> bool:
 def _settled_id(st: _State, name: str) -> None:
     """Tells the stall inspector the latest round of ``name`` is no longer waited for."""
     if st.stall is not None:
-        st.stall.finished(name, st.counts.snapshot_of(name))
+        st.stall.settle(name)
 
 
 def poll_id(hid: int, name: str) -> bool:
@@ -815,6 +826,26 @@ def poll_id(hid: int, name: str) -> bool:
     if done:
         _settled_id(st, name)
     return done
+
+
+def try_wait_id(hid: int, name: str) -> bool:
+    """:func:`poll_id` and, once the op has finished, :func:`wait_id` in one call: False
+    while the op runs; True when it has finished and is released (its error raised, as by
+    :func:`wait_id`). The op id is no longer valid once this returned True or raised."""
+    st = _st()
+    worker = st.worker
+    try:
+        if not worker.poll(hid):
+            return False
+        worker.wait(hid, st.cfg.op_timeout)  # finished: returns at once, releases the op
+    except (RuntimeError, ValueError) as exc:
+        _settled_id(st, name)
+        raise _explain(st, exc) from None
+    except BaseException:
+        _settled_id(st, name)
+        raise
+    _settled_id(st, name)
+    return True
 
 
 def wait_id(hid: int, name: str, timeout: Optional[float] = None) -> None:

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from . import api
 from .errors import FastPSError
 
 Row = Tuple[str, int, str, int]  # (tensor name, bytes, core dtype, priority)
 
-# Tensor name -> the plan that fuses it (the newest plan owns a name, as in the core).
-_owners: weakref.WeakValueDictionary[str, FusionPlan] = weakref.WeakValueDictionary()
+# Tensor name -> the plan that fuses it (the newest plan owns a name, as in the core), as
+# a plain dict of weak references: ``claim`` runs once per gradient and step, and a dict
+# lookup plus a call of the reference costs a fraction of ``WeakValueDictionary.get``. A
+# dead reference (its plan gone) owns nothing.
+_owners: Dict[str, weakref.ReferenceType[FusionPlan]] = {}
 
 
 class FusionPlan:
@@ -38,6 +41,7 @@ class FusionPlan:
         self.name = name
         self.rows: Optional[Tuple[Row, ...]] = None  # the rows last set; None: none set
         self.buckets = 0  # buckets of that plan
+        self._ref = weakref.ref(self)
 
     def update(self, rows: Sequence[Row]) -> int:
         """Sets the plan to ``rows`` unless they are the ones already set (call it once
@@ -45,22 +49,27 @@ class FusionPlan:
         nothing while fusion is off (FASTPS_FUSION_THRESHOLD=0, or one worker)."""
         if not api.fusion_enabled():
             return 0
+        if self.rows is not None and len(rows) == len(self.rows) and tuple(rows) == self.rows:
+            return self.buckets  # every step of a training loop: nothing changed
         key = tuple((str(n), int(b), str(d), int(p)) for n, b, d, p in rows)
         if key == self.rows:
             return self.buckets
         self.rows = key
         self.buckets = api.set_fusion_plan(self.name, key)
         for row in key:
-            _owners[row[0]] = self
+            _owners[row[0]] = self._ref
         return self.buckets
 
     def claim(self, tensor: str) -> None:
         """Before pushing ``tensor``: if another plan fuses a tensor of this name, that
         plan is dropped first (cheap when no plan exists anywhere)."""
-        if _owners:
-            owner = _owners.get(tensor)
-            if owner is not None and owner is not self:
+        ref = _owners.get(tensor)
+        if ref is not None and ref is not self._ref:
+            owner = ref()
+            if owner is not None:
                 owner.drop()
+            else:
+                del _owners[tensor]  # its plan is gone
 
     def drop(self) -> None:
         """Removes the plan from the core: its tensors travel alone until it is set again."""
@@ -73,7 +82,7 @@ class FusionPlan:
         """Forgets the plan without telling the core (an elastic reset: the new core has
         none), so the next :meth:`update` sets it again."""
         for row in self.rows or ():
-            if _owners.get(row[0]) is self:
+            if _owners.get(row[0]) is self._ref:
                 del _owners[row[0]]
         self.rows = None
         self.buckets = 0

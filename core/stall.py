@@ -79,31 +79,37 @@ class SubmissionCounts:
     be asked about a later round of it, which it has not submitted either."""
 
     def __init__(self, limit: int = 1 << 16) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a StallInspector shares it, so that counting a submission and marking
+        # it waiting take one lock per gradient (StallInspector.submit).
+        self.lock = threading.RLock()
         self._counts: Dict[str, int] = {}
         self.limit = limit
         self.most = 0
 
     def add(self, name: str, in_flight: Callable[[], Sequence[str]] = list) -> int:
-        with self._lock:
-            n = self._counts.get(name, 0) + 1
-            self._counts[name] = n
-            if n > self.most:
-                self.most = n
-            if len(self._counts) > self.limit:
-                keep = set(in_flight()) | {name}
-                self._counts = {k: v for k, v in self._counts.items() if v > 1 or k in keep}
-                if len(self._counts) > self.limit // 2:
-                    self.limit *= 2  # mostly names in use: sweep less often
-            return n
+        with self.lock:
+            return self.add_locked(name, in_flight)
+
+    def add_locked(self, name: str, in_flight: Callable[[], Sequence[str]] = list) -> int:
+        """``add`` for a caller that holds ``lock``."""
+        n = self._counts.get(name, 0) + 1
+        self._counts[name] = n
+        if n > self.most:
+            self.most = n
+        if len(self._counts) > self.limit:
+            keep = set(in_flight()) | {name}
+            self._counts = {k: v for k, v in self._counts.items() if v > 1 or k in keep}
+            if len(self._counts) > self.limit // 2:
+                self.limit *= 2  # mostly names in use: sweep less often
+        return n
 
     def snapshot_of(self, name: str) -> int:
         """How many times ``name`` was submitted (its latest round)."""
-        with self._lock:
+        with self.lock:
             return self._counts.get(name, 0)
 
     def snapshot(self) -> Dict[str, int]:
-        with self._lock:
+        with self.lock:
             return dict(self._counts)
 
 
@@ -123,8 +129,8 @@ class StallInspector:
         self._rank = rank
         self.warning_s = warning_s
         self.shutdown_s = shutdown_s
-        self._lock = threading.Lock()
         self.counts = counts if counts is not None else SubmissionCounts()
+        self._lock = self.counts.lock  # one lock for counting and waiting (submit/settle)
         # name -> round, name -> since: two dicts of plain numbers, so an op in flight keeps
         # no object the garbage collector tracks (docs/torch.md, "Garbage collection").
         self._waiting: Dict[str, int] = {}
@@ -142,6 +148,24 @@ class StallInspector:
         with self._lock:
             self._waiting[name] = rnd
             self._since[name] = time.monotonic()
+
+    def submit(self, name: str) -> int:
+        """Counts a submission of ``name`` and marks it waiting, under one lock (the
+        per-gradient path: ``SubmissionCounts.add`` then ``submitted``); returns its round."""
+        with self._lock:
+            rnd = self.counts.add_locked(name, self.in_flight)
+            self._waiting[name] = rnd
+            self._since[name] = time.monotonic()
+            return rnd
+
+    def settle(self, name: str) -> None:
+        """The latest round of ``name`` is no longer waited for (``finished`` with the
+        round ``SubmissionCounts`` holds), under one lock."""
+        with self._lock:
+            rnd = self.counts._counts.get(name, 0)
+            if self._waiting.get(name, 0) == rnd:
+                del self._waiting[name]
+                del self._since[name]
 
     def in_flight(self) -> List[str]:
         with self._lock:

@@ -282,12 +282,17 @@ def _pending_class(cls: type) -> type:
     return pending
 
 
-def _mark(p: torch.Tensor, barrier: CrossBarrier) -> None:
-    """From now until its update is applied, reads of ``p`` apply it first."""
+def _mark(
+    p: torch.Tensor,
+    barrier: CrossBarrier,
+    ref: Optional[weakref.ReferenceType[CrossBarrier]] = None,
+) -> None:
+    """From now until its update is applied, reads of ``p`` apply it first. ``ref``: a weak
+    reference to ``barrier`` made once (a step marks every parameter)."""
     cls = type(p)
     if cls not in _PENDING_CLASSES:
         p.__class__ = _pending_class(cls)
-    _barrier_of[id(p)] = weakref.ref(barrier)
+    _barrier_of[id(p)] = ref if ref is not None else weakref.ref(barrier)
 
 
 def _restore(p: torch.Tensor) -> None:
@@ -344,6 +349,7 @@ class CrossBarrier:
         warn: bool = True,
     ) -> None:
         self._sync = sync
+        self.ref = weakref.ref(self)  # what _barrier_of holds for each pending parameter
         self._optimizer = weakref.ref(optimizer)
         self._step_on = step_on  # runs the wrapped optimizer's step on temporary groups
         # id(param) -> entry, in the order the updates are wanted (forward order).
@@ -386,18 +392,23 @@ class CrossBarrier:
                 for p in group["params"]:
                     group_of.setdefault(id(p), gi)
             self._groups = [_frozen(g) for g in optimizer.param_groups]
-            ranked = [e for e in sync.entries if e.busy]
-            ranked.sort(key=sync.priority, reverse=True)
+            # once per step over every parameter: no call per entry where a lookup does
+            announced = sync.order.positions()
+            pending = self.pending
             now: List[_Entry] = []
-            for e in ranked:
-                e.grad = e.param.grad
-                e.group = group_of.get(id(e.param), -1)
+            for e in sync.by_priority():
+                if e.hid < 0 and e.handle is None:
+                    continue  # not in flight
+                p = e.param
+                key = id(p)
+                e.grad = p.grad
+                e.group = group_of.get(key, -1)
                 e.deferred = True
-                if sync.order.position(e.param) is None:
+                if key not in announced:
                     now.append(e)  # no module forward announces it: nothing would wait
                 else:
-                    self.pending[id(e.param)] = e
-                    _mark(e.param, self)
+                    pending[key] = e
+                    _mark(p, self, self.ref)
             sync.reset_passes()
             if sync.order.learning and sync.order.seen:
                 self._hook_modules(sync.order.owners())
@@ -423,12 +434,16 @@ class CrossBarrier:
         """Pending entries whose sums are in, in forward order up to the first that is not
         (sums arrive roughly in priority order, so looking further rarely finds any)."""
         out: List[_Entry] = []
-        for e in self.pending.values():
-            if e in taken:
-                continue
-            if not e.poll():
-                break
-            out.append(e)
+        try:
+            for e in self.pending.values():
+                if e in taken:
+                    continue
+                if not e.poll():
+                    break
+                out.append(e)
+        except BaseException:
+            self._drop(taken)  # the job is failing; do not make every later forward fail too
+            raise
         return out
 
     # ------------------------------------------------------------------------ waiting
@@ -518,9 +533,15 @@ class CrossBarrier:
         by_group: Dict[int, List[torch.Tensor]] = {}
         swapped = []
         zero: List[torch.Tensor] = []
+        pending = self.pending
         for e in batch:
-            self.pending.pop(id(e.param), None)
-            _restore(e.param)
+            p = e.param
+            key = id(p)
+            pending.pop(key, None)
+            own = _PENDING_CLASSES.get(type(p))  # _restore(p), without a call per entry
+            if own is not None:
+                p.__class__ = own
+            _barrier_of.pop(key, None)
             e.deferred = False
             grad, e.grad = e.grad, None
             if e.zero:
@@ -529,7 +550,6 @@ class CrossBarrier:
                     zero.append(grad)
             if e.group < 0:
                 continue  # removed from every param group: the synchronous step skips it too
-            p = e.param
             if p.grad is not grad:
                 swapped.append((p, p.grad))
                 p.grad = grad

@@ -87,10 +87,11 @@ _FAST_DTYPES = {
 # priority agreements.
 _sync_ids = itertools.count()
 
-# Parameter id -> the sync whose hook sends its gradient. When a parameter is wrapped by a
-# second DistributedOptimizer (the optimizer re-created), the newest one takes over the
-# overlap; an older one still pushes the gradient in its own synchronize().
-_hook_owner: weakref.WeakValueDictionary[int, _GradientSync] = weakref.WeakValueDictionary()
+# Parameter id -> (a weak reference to) the sync whose hook sends its gradient. When a
+# parameter is wrapped by a second DistributedOptimizer (the optimizer re-created), the
+# newest one takes over the overlap; an older one still pushes the gradient in its own
+# synchronize(). A plain dict of references: every hook call looks its parameter up.
+_hook_owner: Dict[int, weakref.ReferenceType[_GradientSync]] = {}
 
 
 class _Entry:
@@ -140,8 +141,18 @@ class _Entry:
         return self.hid >= 0 or self.handle is not None
 
     def poll(self) -> bool:
+        """True once the sum is in. A fast-path op that has finished is released here at
+        once (its error raised), so the ``wait()`` that follows has nothing left to do."""
         if self.hid >= 0:
-            return _api.poll_id(self.hid, self.name)
+            try:
+                if not _api.try_wait_id(self.hid, self.name):
+                    return False
+            except BaseException:
+                self.drop()  # the op is gone either way
+                raise
+            self.hid = -1
+            self.sent = self.session = None
+            return True
         return self.handle is None or self.handle.poll()
 
     def wait(self) -> None:
@@ -216,6 +227,7 @@ class _GradientSync:
         self.core_compression: Any = None  # set by _set_fast_path
         self._set_fast_path()
         self.lock = threading.RLock()
+        self._ref = weakref.ref(self)
         self.entries: List[_Entry] = []
         self.by_id: Dict[int, _Entry] = {}
         self.order = ForwardOrder([])
@@ -224,6 +236,8 @@ class _GradientSync:
         # _agree_priorities.
         self.agreed: Optional[List[int]] = None
         self.agreements = 0
+        self._ranked: List[_Entry] = []  # by_priority's order, for the list ``_ranked_for``
+        self._ranked_for: Optional[List[int]] = None
         self.should_synchronize = True
         self.synchronized = False
         self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
@@ -266,17 +280,10 @@ class _GradientSync:
         if new:
             self.agreed = None  # every rank adds the group, then agrees again
         if self.active:
-            ref = weakref.ref(self)
-
-            def hook(param: torch.Tensor) -> None:
-                me = ref()
-                if me is not None:
-                    me._on_grad(param)
-
             for e in new:
                 if e.param.requires_grad:
-                    e.hook = e.param.register_post_accumulate_grad_hook(hook)
-                    _hook_owner[id(e.param)] = self
+                    e.hook = e.param.register_post_accumulate_grad_hook(self._hook_for(e))
+                    _hook_owner[id(e.param)] = self._ref
         if check:
             self._check()
 
@@ -310,6 +317,8 @@ class _GradientSync:
             if e.hook is not None:
                 e.hook.remove()
                 e.hook = None
+                if _hook_owner.get(id(e.param)) is self._ref:
+                    del _hook_owner[id(e.param)]
         self.order.stop()
 
     # ---------------------------------------------------------------- priorities
@@ -329,6 +338,17 @@ class _GradientSync:
             return 2 * n - pos
         return n - e.index
 
+    def by_priority(self) -> List[_Entry]:
+        """The entries, highest priority first; once the priorities are agreed, sorted once
+        per agreement (every cross-barrier step ranks its gradients)."""
+        agreed = self.agreed
+        if agreed is None:
+            return sorted(self.entries, key=self.priority, reverse=True)
+        if self._ranked_for is not agreed:
+            self._ranked = sorted(self.entries, key=self.priority, reverse=True)
+            self._ranked_for = agreed
+        return self._ranked
+
     def parameter_order(self) -> List[str]:
         """Parameter names, highest priority first."""
         ranked = sorted(self.entries, key=self.priority, reverse=True)
@@ -336,14 +356,27 @@ class _GradientSync:
 
     # ---------------------------------------------------------------- communication
 
-    def _on_grad(self, param: torch.Tensor) -> None:
-        e = self.by_id.get(id(param))
-        if e is None or _hook_owner.get(id(param)) is not self:
-            return
+    def _hook_for(self, e: _Entry) -> Callable[[torch.Tensor], None]:
+        """The post-accumulate-grad hook of ``e``'s parameter. It knows the entry's
+        position, so a gradient costs no lookup of its parameter (it runs once per gradient
+        and step); it holds neither the entry (which holds the parameter: a cycle) nor the
+        sync (a dropped optimizer leaves no live hook)."""
+        ref = self._ref
+        key = id(e.param)
+        index = e.index
+
+        def hook(param: torch.Tensor) -> None:
+            me = ref()
+            if me is not None and _hook_owner.get(key) is ref:
+                me._on_grad(me.entries[index])
+
+        return hook
+
+    def _on_grad(self, e: _Entry) -> None:
         with self.lock:
-            if self.cross is not None:
-                self.cross.check_gradient(e)
-            if e.busy:
+            if e.deferred and self.cross is not None:
+                self.cross.check_gradient(e)  # raises: its previous update still pends
+            if e.hid >= 0 or e.handle is not None:
                 raise FastPSError(
                     f"the gradient of '{e.name[len(GRAD_PREFIX) :]}' was computed more than "
                     f"backward_passes_per_step={self.passes_per_step} times before "
@@ -412,7 +445,7 @@ class _GradientSync:
         if (
             fast
             and self.fast
-            and grad.device.type == "cpu"
+            and grad.is_cpu
             and grad.is_contiguous()
             and not _api.in_submission_batch()  # there the batch starts it (a Handle)
         ):
@@ -426,11 +459,11 @@ class _GradientSync:
                     grad.data_ptr(),
                     grad.numel() * grad.element_size(),
                     dtype,
-                    tuple(grad.shape),
+                    grad.shape,  # a torch.Size is a tuple
                     e.name,
                     self.priority(e),
                     self.scale,
-                    compression=self.core_compression,
+                    self.core_compression,
                 )
                 return None
         if self.direct:
@@ -469,12 +502,20 @@ class _GradientSync:
 
     def in_flight(self) -> List[str]:
         """Gradients being averaged for a step() not yet called."""
-        return [e.name[len(GRAD_PREFIX) :] for e in self.entries if e.busy and not e.deferred]
+        return [
+            e.name[len(GRAD_PREFIX) :]
+            for e in self.entries
+            if (e.hid >= 0 or e.handle is not None) and not e.deferred  # busy, every zero_grad
+        ]
 
     def start_missing(self) -> None:
         """Starts the push_pull of every gradient whose hook has not (fewer backward
         passes than expected, parameters without a gradient)."""
-        missing = [e for e in self.entries if not e.busy and e.param.requires_grad]
+        missing = [
+            e
+            for e in self.entries
+            if e.hid < 0 and e.handle is None and e.param.requires_grad  # not busy
+        ]
         missing.sort(key=self.priority, reverse=True)
         for e in missing:
             self._start(e)
@@ -493,16 +534,21 @@ class _GradientSync:
             return
         if self.compression is not Compression.none or not _api.fusion_enabled():
             return
+        # once per step over every parameter: a tight loop, and FusionPlan.update returns
+        # at once when the rows are the ones already set (the usual case)
         rows = []
+        agreed = self.agreed
+        sfb = self.sfb
+        strided = torch.strided
         for e in self.entries:
-            g = e.param.grad
-            if not e.param.requires_grad or g is None or g.layout != torch.strided:
+            p = e.param
+            g = p.grad
+            if g is None or not p.requires_grad or g.layout != strided:
                 continue
-            if self.sfb is not None and self.sfb.chosen(e.param):
+            if sfb is not None and sfb.chosen(p):
                 continue  # allgathered as factors, never pushed
-            rows.append(
-                (e.name, g.numel() * g.element_size(), core_dtype(g, e.name), self.priority(e))
-            )
+            dtype = _FAST_DTYPES.get(g.dtype) or core_dtype(g, e.name)
+            rows.append((e.name, g.numel() * g.element_size(), dtype, agreed[e.index]))
         self.fusion.update(rows)
 
     def synchronize(self) -> None:

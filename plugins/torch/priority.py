@@ -13,7 +13,7 @@ observed ones, in registration order.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import torch
 
@@ -76,6 +76,10 @@ class ForwardOrder:
         """0 for the first parameter the forward pass used, 1 for the next, ...; None if
         the parameter has not been seen."""
         return self._position.get(id(param))
+
+    def positions(self) -> Mapping[int, int]:
+        """id(parameter) -> ``position``, for every parameter seen (read-only)."""
+        return self._position
 
     def owners(self) -> List[torch.nn.Module]:
         """The live modules whose forward pass announced a watched parameter."""
