@@ -13,7 +13,8 @@ a DistributedDataParallel module whose parameters have the model's shapes and wh
 backward hands DDP the same random gradients, uncompressed (``none``) and with torch's
 comm hooks ``fp16_compress_hook`` (``fp16``) and PowerSGD (``powersgd:R``, matrix
 approximation rank R, error feedback and warm start on, compressing from the third
-iteration, which the warm-up covers). A DDP iteration is one backward: copying the
+iteration, which the warm-up covers; its buckets run one after the other, which Gloo
+needs, see ``in_bucket_order``). A DDP iteration is one backward: copying the
 gradients into DDP's 25 MiB buckets (``local_s``: the same backward under ``no_sync()``),
 the hook and its all-reduce.
 
