@@ -13,7 +13,8 @@ a DistributedDataParallel module whose parameters have the model's shapes and wh
 backward hands DDP the same random gradients, uncompressed (``none``) and with torch's
 comm hooks ``fp16_compress_hook`` (``fp16``) and PowerSGD (``powersgd:R``, matrix
 approximation rank R, error feedback and warm start on, compressing from the third
-iteration, which the warm-up covers). A DDP iteration is one backward: copying the
+iteration, which the warm-up covers; its buckets run one after the other, which Gloo
+needs, see ``in_bucket_order``). A DDP iteration is one backward: copying the
 gradients into DDP's 25 MiB buckets (``local_s``: the same backward under ``no_sync()``),
 the hook and its all-reduce.
 
@@ -140,8 +141,52 @@ def _ddp_hook(hook: str) -> Tuple[Any, Any, int]:
             matrix_approximation_rank=int(hook.split(":", 1)[1]),
             start_powerSGD_iter=POWERSGD_START_ITER,
         )
-        return state, powerSGD_hook.powerSGD_hook, POWERSGD_START_ITER
+        return state, in_bucket_order(powerSGD_hook.powerSGD_hook), POWERSGD_START_ITER
     raise ValueError(f"unknown DDP hook {hook!r} (none, fp16, powersgd:RANK)")
+
+
+def in_bucket_order(hook: Any) -> Any:
+    """``hook`` with each bucket's work started only once the previous bucket's is done.
+
+    PowerSGD issues its P and Q all-reduces from the completion callbacks of the previous
+    all-reduce. Gloo completes futures on its own threads (NCCL's futures complete when
+    the work is enqueued, which is why the hook works there), so with several buckets in
+    flight a rank may issue bucket b's Q all-reduce before or after bucket b+1's first
+    all-reduce, which DDP issues from the autograd thread; Gloo pairs collectives by the
+    order they are issued in, and the ranks' orders differ ("Received data size doesn't
+    match expected size"; pytorch/pytorch#48478 on collectives from callbacks). Chaining
+    the buckets makes every rank issue the same sequence. The chain does not block the
+    backward: the next bucket's hook runs from the previous one's completion.
+    """
+    import torch
+
+    last: List[Any] = [None]
+
+    def ordered(state: Any, bucket: Any) -> Any:
+        result = torch.futures.Future()
+
+        def relay(inner: Any) -> None:
+            try:
+                result.set_result(inner.value())
+            except Exception as exc:  # the hook's failure is the bucket's
+                result.set_exception(exc)
+
+        def start(_prev: Any) -> None:
+            try:
+                hook(state, bucket).add_done_callback(relay)
+            except Exception as exc:
+                result.set_exception(exc)
+
+        prev, last[0] = last[0], result
+        if prev is None:
+            start(None)
+        else:
+            prev.add_done_callback(start)
+        return result
+
+    # DDP checks the hook's annotations against its own types; this module's are strings.
+    ordered.__annotations__ = {}
+    return ordered
 
 
 def child_ddp(args: argparse.Namespace) -> None:
@@ -427,6 +472,9 @@ DIGITS_SPECS = [
     "onebit:ef",
     "topk:0.01:ef",
     "randomk:0.01:ef",
+    # DGC's sparsity warm-up over half of the default 30 epochs' 1,260 rounds
+    # (docs/compression.md, "Sparsity warm-up").
+    "randomk:0.01:ef:warmup=630",
     "dithering:16:ef",
     "topk:0.01",
 ]

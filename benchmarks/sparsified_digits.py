@@ -14,9 +14,12 @@ apart from the implementation and tried with another optimizer:
   sums, adds its own residual and answers the top k of that (two-way, as fastps).
 
 k is ceil(K · n) per tensor, as in fastps (each of the example's tensors is one part).
+``--warmup-epochs W`` adds Deep Gradient Compression's sparsity warm-up as fastps's
+``:warmup=ROUNDS`` does it (W epochs' rounds, 4 stages keeping K^((s+1)/5)).
 
     python -m benchmarks.sparsified_digits --specs none randomk:0.01:ef --seeds 42 43
     python -m benchmarks.sparsified_digits --optimizer sgd --specs none randomk:0.01:ef
+    python -m benchmarks.sparsified_digits --specs randomk:0.01:ef --warmup-epochs 10
 
 Prints the test accuracy per spec and seed, and their means.
 """
@@ -49,7 +52,19 @@ def _example_module():
 Averager = Callable[[int, List[List[torch.Tensor]]], List[torch.Tensor]]
 
 
-def make_averager(spec: str, workers: int, seed: int) -> Averager:
+def warmup_fraction(frac: float, rnd: int, warmup_rounds: int, steps: int) -> float:
+    """Deep Gradient Compression's sparsity warm-up (Lin et al. 2018, §3.3): the kept
+    fraction falls exponentially from all values to ``frac``, one step per
+    ``warmup_rounds // steps`` rounds, over the first ``warmup_rounds`` rounds."""
+    if rnd >= warmup_rounds or steps <= 0:
+        return frac
+    stage = rnd * steps // warmup_rounds  # 0 .. steps-1
+    return float(frac ** ((stage + 1) / (steps + 1)))
+
+
+def make_averager(
+    spec: str, workers: int, seed: int, warmup_rounds: int = 0, warmup_steps: int = 0
+) -> Averager:
     """A function (round, grads[worker][tensor]) -> the averaged tensors, per ``spec``."""
     fields = spec.split(":")
     name = fields[0]
@@ -66,7 +81,8 @@ def make_averager(spec: str, workers: int, seed: int) -> Averager:
         for t in range(len(grads[0])):
             shape = grads[0][t].shape
             n = grads[0][t].numel()
-            k = min(n, max(1, math.ceil(frac * n)))
+            kept = warmup_fraction(frac, rnd, warmup_rounds, warmup_steps)
+            k = min(n, max(1, math.ceil(kept * n)))
             res = residual.setdefault(t, [torch.zeros(n) for _ in range(workers)])
             total = torch.zeros(n)
             if name == "randomk":
@@ -117,11 +133,14 @@ def train(args: argparse.Namespace, spec: str, seed: int) -> float:
         opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=lr)
     else:
         opt = torch.optim.SGD(params, lr=lr, momentum=args.momentum)
-    average = make_averager(spec, size, seed)
+    per_epoch = len(x_train) // size // args.batch_size
+    average = make_averager(
+        spec, size, seed, int(args.warmup_epochs * per_epoch), args.warmup_steps
+    )
     rnd = 0
     for epoch in range(args.epochs):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        steps = len(order) // size // args.batch_size
+        steps = per_epoch
         for step in range(steps):
             grads = []
             for w in range(size):
@@ -149,6 +168,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--lr", type=float, default=None, help="per worker (adam 1e-3, sgd 1e-2 by default)"
     )
     p.add_argument("--momentum", type=float, default=0.9, help="sgd only")
+    p.add_argument(
+        "--warmup-epochs",
+        type=float,
+        default=0.0,
+        help="sparsity warm-up (DGC): the kept fraction falls from 1 to K over these epochs",
+    )
+    p.add_argument("--warmup-steps", type=int, default=4, help="stages of the warm-up")
     args = p.parse_args(argv)
     if args.lr is None:
         args.lr = 1e-3 if args.optimizer == "adam" else 1e-2

@@ -50,17 +50,21 @@ class CoreCompressor:
         min_bytes: int = 0,
         names: Optional[Sequence[str]] = None,
         momentum: float = 0.0,
+        warmup: int = 0,
     ) -> None:
         text = codec if param is None else f"{codec}:{param}"
         if error_feedback:
             text += ":ef"
         if momentum:
             text += f":momentum={momentum}"
+        if warmup:
+            text += f":warmup={warmup}"
         self.spec = canonical_spec(text)
         self.codec = codec
         self.param = param
         self.error_feedback = bool(error_feedback)
         self.momentum = float(momentum)
+        self.warmup = int(warmup)
         if int(min_bytes) < 0:
             raise FastPSError(f"compression {self.spec}: min_bytes = {min_bytes} must be >= 0")
         self.min_bytes = int(min_bytes)
@@ -79,6 +83,7 @@ class CoreCompressor:
             self.min_bytes if min_bytes is None else min_bytes,
             self.names if names is None else names,
             self.momentum,
+            self.warmup,
         )
 
     def spec_for(self, name: str, nbytes: int, dtype: str) -> str:
@@ -123,18 +128,29 @@ class Compression:
 
     @staticmethod
     def topk(
-        k: float, error_feedback: bool = False, min_bytes: int = 0, momentum: float = 0.0
+        k: float,
+        error_feedback: bool = False,
+        min_bytes: int = 0,
+        momentum: float = 0.0,
+        warmup: int = 0,
     ) -> CoreCompressor:
         """The k largest magnitudes of each part (k < 1: that fraction of its values).
         ``momentum`` (with error feedback): Deep Gradient Compression's momentum
         correction and factor masking (Lin et al. 2018); use it with an optimizer
-        without momentum of its own."""
-        return CoreCompressor("topk", k, error_feedback, min_bytes, momentum=momentum)
+        without momentum of its own. ``warmup`` (k < 1): DGC's sparsity warm-up over
+        that many rounds of each part (docs/compression.md)."""
+        return CoreCompressor(
+            "topk", k, error_feedback, min_bytes, momentum=momentum, warmup=warmup
+        )
 
     @staticmethod
-    def randomk(k: float, error_feedback: bool = False, min_bytes: int = 0) -> CoreCompressor:
-        """k values of each part at indices every worker draws alike."""
-        return CoreCompressor("randomk", k, error_feedback, min_bytes)
+    def randomk(
+        k: float, error_feedback: bool = False, min_bytes: int = 0, warmup: int = 0
+    ) -> CoreCompressor:
+        """k values of each part at indices every worker draws alike. ``warmup`` (k < 1):
+        the kept fraction falls from all values to k over that many rounds of each part
+        (Deep Gradient Compression's sparsity warm-up; docs/compression.md)."""
+        return CoreCompressor("randomk", k, error_feedback, min_bytes, warmup=warmup)
 
     @staticmethod
     def dithering(levels: int, error_feedback: bool = False, min_bytes: int = 0) -> CoreCompressor:
@@ -149,6 +165,10 @@ class Compression:
         if spec == "none":
             return None
         fields = spec.split(":")
+        warmup = 0
+        if fields[-1].startswith("warmup="):
+            warmup = int(fields[-1].split("=", 1)[1])
+            fields = fields[:-1]
         momentum = 0.0
         if fields[-1].startswith("momentum="):
             momentum = float(fields[-1].split("=", 1)[1])
@@ -157,7 +177,7 @@ class Compression:
         if ef:
             fields = fields[:-1]
         param = float(fields[1]) if len(fields) > 1 else None
-        return CoreCompressor(fields[0], param, ef, min_bytes, momentum=momentum)
+        return CoreCompressor(fields[0], param, ef, min_bytes, momentum=momentum, warmup=warmup)
 
     @staticmethod
     def select(rules: Sequence[Tuple[str, Optional[CoreCompressor]]]) -> _Select:

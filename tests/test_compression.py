@@ -47,6 +47,10 @@ def test_topk_momentum_correction_matches_reference() -> None:
     run("momentum", "tcp")
 
 
+def test_randomk_sparsity_warmup_keeps_each_stage_fraction() -> None:
+    run("warmup", "tcp")
+
+
 def test_mismatch_on_the_servers_names_both_and_job_goes_on() -> None:
     run("mismatch_server", "tcp")
 

@@ -180,6 +180,8 @@ def test_dithering_is_unbiased_on_its_grid() -> None:
         ("none", "none"),
         ("randomk:100", "randomk:100"),
         ("topk:0.01:ef:momentum=0.90", "topk:0.01:ef:momentum=0.9"),
+        ("randomk:0.01:ef:warmup=0400", "randomk:0.01:ef:warmup=400"),
+        ("topk:0.01:warmup=8", "topk:0.01:warmup=8"),
     ],
 )
 def test_spec_canonical_form(text: str, canon: str) -> None:
@@ -201,6 +203,12 @@ def test_spec_canonical_form(text: str, canon: str) -> None:
         ("topk:0.01:ef:momentum=1.5", "0.0001 to 0.9999"),
         ("topk:0.01:ef:momentum=x", "momentum 'x'"),
         ("topk:0.01:ef:momentum=0.9:ef", "unexpected field 'ef'"),
+        ("onebit:ef:warmup=100", "fractional top-k or random-k"),
+        ("randomk:100:ef:warmup=100", "fractional top-k or random-k"),
+        ("randomk:0.01:ef:warmup=3", "from 4"),
+        ("randomk:0.01:ef:warmup=-5", "warmup '-5'"),
+        ("randomk:0.01:ef:warmup=x", "warmup 'x'"),
+        ("randomk:0.01:ef:warmup=8:warmup=8", "unexpected field 'warmup=8'"),
     ],
 )
 def test_bad_specs_are_refused_by_name(text: str, culprit: str) -> None:

@@ -45,7 +45,20 @@ std::string CompressionSpec::describe() const {
   if (takes_param(codec)) os << ":" << param;
   if (error_feedback) os << ":ef";
   if (momentum > 0) os << ":momentum=" << momentum;
+  if (warmup > 0) os << ":warmup=" << warmup;
   return os.str();
+}
+
+CompressionSpec CompressionSpec::at_round(uint64_t round) const {
+  CompressionSpec s = *this;
+  s.warmup = 0;
+  if (round >= warmup || !(param > 0 && param < 1)) return s;
+  uint64_t stage = round * kWarmupStages / warmup;  // 0 .. kWarmupStages - 1
+  double kept = std::pow(static_cast<double>(param),
+                         static_cast<double>(stage + 1) / static_cast<double>(kWarmupStages + 1));
+  // Never below k itself (float rounding at the last stage).
+  s.param = std::max(param, std::min(static_cast<float>(kept), std::nextafter(1.0f, 0.0f)));
+  return s;
 }
 
 CompressionSpec CompressionSpec::parse(const std::string& text) {
@@ -113,6 +126,27 @@ CompressionSpec CompressionSpec::parse(const std::string& text) {
         throw std::invalid_argument("compression '" + text + "': momentum '" + value +
                                     "' must be a number from 0.0001 to 0.9999");
       s.momentum = momentum_of_units(units);
+      continue;
+    }
+    const std::string wkey = "warmup=";
+    if (fields[next].compare(0, wkey.size(), wkey) == 0 && !s.warmup) {
+      std::string value = fields[next].substr(wkey.size());
+      if ((s.codec != Codec::kTopK && s.codec != Codec::kRandomK) || !(s.param < 1))
+        throw std::invalid_argument("compression '" + text +
+                                    "': a sparsity warm-up applies to a fractional top-k or "
+                                    "random-k only (randomk:0.01:ef:warmup=ROUNDS)");
+      size_t used = 0;
+      unsigned long rounds = 0;
+      try {
+        rounds = value.empty() || value[0] == '-' ? 0 : std::stoul(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || rounds < kWarmupStages || rounds > 0xFFFFFFFFul)
+        throw std::invalid_argument("compression '" + text + "': warmup '" + value +
+                                    "' must be a whole number of rounds from " +
+                                    std::to_string(kWarmupStages) + " to 4294967295");
+      s.warmup = static_cast<uint32_t>(rounds);
       continue;
     }
     throw std::invalid_argument("compression '" + text + "': unexpected field '" + fields[next] +

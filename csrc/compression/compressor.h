@@ -26,21 +26,31 @@ enum class Codec : uint8_t {
 // elements when < 1, else a count), the number of levels for dithering; unused otherwise.
 // momentum: top-k's momentum correction (Lin et al. 2018, "Deep Gradient Compression"),
 // the factor m in [0.0001, 0.9999] in steps of 0.0001 (it travels as a 16-bit count), or 0.
+// warmup: Deep Gradient Compression's sparsity warm-up (Lin et al. 2018, section 3.3) for a
+// fractional top-k / random-k, in rounds of the part: the kept fraction falls
+// exponentially from all values to k in kWarmupStages equal stages (at_round); 0: none.
+// It never travels: each round's header carries the fraction that round used.
 struct CompressionSpec {
   Codec codec = Codec::kNone;
   float param = 0.0f;
   bool error_feedback = false;
   float momentum = 0.0f;
+  uint32_t warmup = 0;
 
   bool enabled() const { return codec != Codec::kNone; }
   bool operator==(const CompressionSpec& o) const {
     return codec == o.codec && param == o.param && error_feedback == o.error_feedback &&
-           momentum == o.momentum;
+           momentum == o.momentum && warmup == o.warmup;
   }
+  // The settings of a part's round `round` (counted from 0): during the warm-up, stage
+  // s = round * kWarmupStages / warmup keeps the fraction k^((s+1)/(kWarmupStages+1))
+  // (DGC's 75%, 93.75%, ... sparsity, ending at k), and warmup is 0 in the result.
+  CompressionSpec at_round(uint64_t round) const;
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
   // The canonical text form, the one parse() reads: "none", "fp16", "bf16", "onebit",
   // "topk:0.01", "randomk:0.01", "dithering:16", each optionally followed by ":ef"; top-k
-  // with error feedback then optionally by ":momentum=0.9".
+  // with error feedback then optionally by ":momentum=0.9"; a fractional top-k or
+  // random-k last optionally by ":warmup=ROUNDS".
   std::string describe() const;
   // Throws std::invalid_argument naming the bad text or value.
   static CompressionSpec parse(const std::string& text);
@@ -59,6 +69,7 @@ struct CompressedHeader {
   uint64_t seed;      // random-k's indices and dithering's rounding draw from it
 };
 static_assert(sizeof(CompressedHeader) == 24, "compressed header layout");
+constexpr uint32_t kWarmupStages = 4;              // DGC's: 75%, 93.75%, 98.4375%, 99.6% sparsity
 constexpr uint32_t kCompressedMagic = 0x43535046;  // "FPSC"
 constexpr uint8_t kCompressedErrorFeedback = 1;
 

@@ -10,10 +10,11 @@ PushTicket PartTask::ticket() const {
   t.tensor = handle->tensor->id;
   t.part = span.index;
   t.server = span.server;
-  // A compressed part counts what it puts on the wire, so the window keeps as many bytes
-  // in flight as for an uncompressed one.
+  // A compressed part counts what it puts on the wire (in this round: a sparsity warm-up
+  // sends more), so the window keeps as many bytes in flight as for an uncompressed one.
   t.len = handle->compression.enabled()
-              ? compressed_bytes(handle->compression, span.len / dtype_size(handle->dtype))
+              ? compressed_bytes(handle->compression.at_round(handle->tensor->rounds),
+                                 span.len / dtype_size(handle->dtype))
               : span.len;
   t.tag = handle->id;
   return t;

@@ -516,7 +516,9 @@ void Worker::send_compressed(const PartTask& t, const Link& link) {
   FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
   hdr.pushers = 0;  // every worker: compressed parts skip the local reduce
   hdr.flags |= kFlagCompressed;
-  const CompressionSpec& spec = h.compression;
+  // A sparsity warm-up keeps more values in the part's first rounds; every worker is in
+  // the same round of the part, so the servers see the same fraction from all of them.
+  const CompressionSpec spec = h.compression.at_round(hdr.round);
   auto bytes = encode_part(spec, h.in + t.span.offset, h.dtype, n,
                            round_seed(spec, t.key(), hdr.round, opts_.rank),
                            spec.error_feedback ? &error_feedback_ : nullptr, t.key());

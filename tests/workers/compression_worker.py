@@ -14,6 +14,10 @@ tests/test_compression.py as N workers against real servers. Modes:
   equals a numpy reference of both ends round by round: each worker's velocity
   u = m u + x accumulated into its residual, the top k of that sent, both masked where
   sent; the server's sum with error feedback, its top k answered.
+* ``warmup``: random-k with error feedback and a sparsity warm-up (Deep Gradient
+  Compression's): round by round the answer holds exactly the k the stage keeps
+  (k^((s+1)/5) of the part for stage s, then k) and equals a numpy reference of the
+  workers' residuals at the round's indices (drawn from the core's seed), round by round.
 * ``mismatch_server``: two workers push one tensor with different compressors past the
   scheduler's check (declare=False): the servers fail that op on both, naming both
   settings, and the next op works.
@@ -46,6 +50,15 @@ def codec(spec: str, x: np.ndarray) -> np.ndarray:
     """decompress(compress(x)) with the core's codec, float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     data = _core.compress(spec, x.ctypes.data, x.size, 0)
+    out = np.empty_like(x)
+    _core.decompress(data, x.size, out.ctypes.data)
+    return out
+
+
+def codec_seeded(spec: str, x: np.ndarray, seed: int) -> np.ndarray:
+    """decompress(compress(x)) with the core's codec and a given seed, float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    data = _core.compress(spec, x.ctypes.data, x.size, seed)
     out = np.empty_like(x)
     _core.decompress(data, x.size, out.ctypes.data)
     return out
@@ -221,6 +234,46 @@ def check_momentum(rank: int, size: int) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"round {t}")
 
 
+MASK = (1 << 64) - 1
+
+
+def random_at(seed: int, i: int) -> int:
+    """The core's counter-based stream (compression/compressor.cc): splitmix64."""
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def check_warmup(rank: int, size: int) -> None:
+    n, frac, warmup, rounds = 10_000, 0.01, 8, 12  # one part (FASTPS_PARTITION_BYTES=64K)
+    comp = Compression.randomk(frac, error_feedback=True, warmup=warmup)
+    assert comp.spec == "randomk:0.01:ef:warmup=8", comp.spec
+    assert Compression.from_spec(comp.spec).spec == comp.spec  # type: ignore[union-attr]
+    ones = np.ones(n, dtype=np.float32)
+    residual = [np.zeros(n, np.float32) for _ in range(size)]
+    for t in range(rounds):
+        # DGC's 4 stages of warmup / 4 rounds each: the kept fraction falls as frac^((s+1)/5).
+        kept = np.float32(frac ** ((t * 4 // warmup + 1) / 5)) if t < warmup else np.float32(frac)
+        # The round's indices, as every worker draws them (part 0's key is the tensor id).
+        seed = random_at(_core.tensor_id("warmup"), t)
+        idx = np.flatnonzero(codec_seeded(f"randomk:{kept}", ones, seed))
+        want_k = {0: 3982, 2: 1585, 4: 631, 6: 252, 8: 100}.get(t)
+        assert want_k is None or len(idx) == want_k, f"round {t}: k = {len(idx)}, want {want_k}"
+        xs = [
+            np.random.default_rng(70 * t + r).standard_normal(n).astype(np.float32)
+            for r in range(size)
+        ]
+        want = np.zeros(n, np.float32)
+        for r in range(size):  # each worker sends residual + x at the indices, keeps the rest
+            e = residual[r] + xs[r]
+            want[idx] += e[idx]
+            e[idx] = 0
+            residual[r] = e
+        got = fastps.push_pull(xs[rank], average=False, name="warmup", compression=comp)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"round {t}")
+
+
 def check_mismatch_server(rank: int, size: int) -> None:
     x = np.ones(30_000, dtype=np.float32)
     comp = Compression.topk(0.01) if rank == 0 else Compression.onebit(error_feedback=True)
@@ -260,6 +313,7 @@ def main() -> None:
         "sum": check_sum,
         "ef": check_ef,
         "momentum": check_momentum,
+        "warmup": check_warmup,
         "mismatch_server": check_mismatch_server,
         "mismatch_declared": check_mismatch_declared,
         "wire": check_wire,
