@@ -14,9 +14,10 @@ from torchjobs import WORKERS, fastpsrun
 
 N, K, SLOW = 4, 3, 3
 HISTORY = 6
-ROUNDS = 48
-# The straggler computes 5x longer: about 5 rounds behind when caught up, inside H.
-FAST_S, SLOW_S = 0.1, 0.5
+ROUNDS = 36
+# The straggler computes 5x longer: about 5 rounds behind when caught up, inside H. Long
+# sleeps, so that a loaded machine's overhead on every step does not blur the ratio.
+FAST_S, SLOW_S = 0.2, 1.0
 
 
 def test_persistent_straggler_catches_up_and_paces_nobody(
@@ -66,4 +67,4 @@ def test_persistent_straggler_catches_up_and_paces_nobody(
         assert len(took) > 2 * HISTORY, took
         late = statistics.median(took[2 * HISTORY :])
         assert late < 0.7 * slow_step, f"worker {r} was paced by the straggler: {took} {slow_took}"
-        assert sum(took) < 0.75 * ROUNDS * slow_step, f"worker {r}: {sum(took):.2f} s {took}"
+        assert sum(took) < 0.85 * ROUNDS * slow_step, f"worker {r}: {sum(took):.2f} s {took}"
