@@ -171,9 +171,17 @@ def train_loop(
     times: List[float] = []
     snaps: List[Tuple[int, float, Any]] = []
     copying = 0.0
+
+    # Rounds applied, not steps made: under quorum rounds a slow worker catches up on the
+    # rounds that closed without it, several in one step (docs/async.md, "Catch-up"), and
+    # every worker must stop after the same round.
+    def applied(steps: int) -> int:
+        return int(getattr(optimizer, "applied_rounds", steps))
+
     barrier()  # a common start for the time-to-accuracy clock
     start = time.perf_counter()
-    for it in range(1, total + 1):
+    it = 0
+    while it < total:
         t0 = time.perf_counter()
         x, y = batches.next()
         optimizer.zero_grad()
@@ -181,7 +189,8 @@ def train_loop(
         time.sleep(delay)  # the rest of the step's compute
         optimizer.step()
         t1 = time.perf_counter()
-        if keep and (it % args.eval_every == 0 or it == total):
+        before, it = it, applied(len(times) + 1)
+        if keep and (it // args.eval_every > before // args.eval_every or it == total):
             # One flat copy (one torch call): under load, every call that releases the GIL
             # may wait a switch interval to get it back.
             snaps.append((it, t1 - start, parameters_to_vector(model.parameters())))
