@@ -158,7 +158,7 @@ def train_loop(
     batches: Batches,
     barrier: Callable[[], None],
 ) -> Tuple[List[float], List[Tuple[int, float, Any]], float]:
-    """Every iteration's seconds; (rank 0, digits) parameter snapshots, flat, with the
+    """Every measured iteration's seconds (past the warm-up rounds); (rank 0, digits) parameter snapshots, flat, with the
     iteration count and the seconds since the first iteration began; seconds spent copying."""
     import torch.nn.functional as F
     from torch.nn.utils import parameters_to_vector
@@ -180,7 +180,7 @@ def train_loop(
 
     barrier()  # a common start for the time-to-accuracy clock
     start = time.perf_counter()
-    it = 0
+    it = steps = 0
     while it < total:
         t0 = time.perf_counter()
         x, y = batches.next()
@@ -189,14 +189,18 @@ def train_loop(
         time.sleep(delay)  # the rest of the step's compute
         optimizer.step()
         t1 = time.perf_counter()
-        before, it = it, applied(len(times) + 1)
+        steps += 1
+        before, it = it, applied(steps)
         if keep and (it // args.eval_every > before // args.eval_every or it == total):
             # One flat copy (one torch call): under load, every call that releases the GIL
             # may wait a switch interval to get it back.
             snaps.append((it, t1 - start, parameters_to_vector(model.parameters())))
             copying += time.perf_counter() - t1
         # The copy counts as rank 0's step time: in synchronous modes the others wait for it.
-        times.append(time.perf_counter() - t0)
+        # Measured: the steps that end past the warm-up rounds (a caught-up straggler's
+        # steps each span several rounds).
+        if it > args.warmup:
+            times.append(time.perf_counter() - t0)
     return times, snaps, copying
 
 
@@ -222,7 +226,7 @@ def report(
     payload: Dict[str, Any] = {
         "rank": rank,
         "host": os.environ.get("FASTPS_HOSTNAME", ""),
-        "times": times[args.warmup :],
+        "times": times,
     }
     if snaps:
         from torch.nn.utils import parameters_to_vector, vector_to_parameters

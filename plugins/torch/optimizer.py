@@ -716,10 +716,13 @@ class _DistributedMixin:
         # Quorum rounds: the rounds that closed without this worker since the one just
         # applied are applied too, in turn, as every other replica did (docs/async.md,
         # "Catch-up"); its next gradient is then computed on parameters at most a round old.
+        # Exactly the rounds the answer named, not those that closed meanwhile: a worker
+        # whose link cannot carry the sums as fast as rounds close would chase them for
+        # good and never compute a gradient again.
         behind, sync.behind = sync.behind, 0
-        while behind > 0:
+        for _ in range(behind):
             started = _tl.start()
-            behind = sync.fetch_next_round()
+            sync.fetch_next_round()
             super().step()  # type: ignore[misc]
             sync.rounds += 1
             _tl.end("caught up a round", f"{len(sync.waited)} gradients", started)
