@@ -158,8 +158,9 @@ def train_loop(
     batches: Batches,
     barrier: Callable[[], None],
 ) -> Tuple[List[float], List[Tuple[int, float, Any]], float]:
-    """Every measured iteration's seconds (past the warm-up rounds); (rank 0, digits) parameter snapshots, flat, with the
-    iteration count and the seconds since the first iteration began; seconds spent copying."""
+    """Every measured iteration's seconds (past the warm-up rounds); (rank 0, digits)
+    parameter snapshots, flat, with the round count and the seconds since the first
+    iteration began; seconds spent copying."""
     import torch.nn.functional as F
     from torch.nn.utils import parameters_to_vector
 
