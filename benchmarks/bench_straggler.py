@@ -158,8 +158,9 @@ def train_loop(
     batches: Batches,
     barrier: Callable[[], None],
 ) -> Tuple[List[float], List[Tuple[int, float, Any]], float]:
-    """Every iteration's seconds; (rank 0, digits) parameter snapshots, flat, with the
-    iteration count and the seconds since the first iteration began; seconds spent copying."""
+    """Every measured iteration's seconds (past the warm-up rounds); (rank 0, digits)
+    parameter snapshots, flat, with the round count and the seconds since the first
+    iteration began; seconds spent copying."""
     import torch.nn.functional as F
     from torch.nn.utils import parameters_to_vector
 
@@ -171,9 +172,17 @@ def train_loop(
     times: List[float] = []
     snaps: List[Tuple[int, float, Any]] = []
     copying = 0.0
+
+    # Rounds applied, not steps made: under quorum rounds a slow worker catches up on the
+    # rounds that closed without it, several in one step (docs/async.md, "Catch-up"), and
+    # every worker must stop after the same round.
+    def applied(steps: int) -> int:
+        return int(getattr(optimizer, "applied_rounds", steps))
+
     barrier()  # a common start for the time-to-accuracy clock
     start = time.perf_counter()
-    for it in range(1, total + 1):
+    it = steps = 0
+    while it < total:
         t0 = time.perf_counter()
         x, y = batches.next()
         optimizer.zero_grad()
@@ -181,13 +190,18 @@ def train_loop(
         time.sleep(delay)  # the rest of the step's compute
         optimizer.step()
         t1 = time.perf_counter()
-        if keep and (it % args.eval_every == 0 or it == total):
+        steps += 1
+        before, it = it, applied(steps)
+        if keep and (it // args.eval_every > before // args.eval_every or it == total):
             # One flat copy (one torch call): under load, every call that releases the GIL
             # may wait a switch interval to get it back.
             snaps.append((it, t1 - start, parameters_to_vector(model.parameters())))
             copying += time.perf_counter() - t1
         # The copy counts as rank 0's step time: in synchronous modes the others wait for it.
-        times.append(time.perf_counter() - t0)
+        # Measured: the steps that end past the warm-up rounds (a caught-up straggler's
+        # steps each span several rounds).
+        if it > args.warmup:
+            times.append(time.perf_counter() - t0)
     return times, snaps, copying
 
 
@@ -213,7 +227,7 @@ def report(
     payload: Dict[str, Any] = {
         "rank": rank,
         "host": os.environ.get("FASTPS_HOSTNAME", ""),
-        "times": times[args.warmup :],
+        "times": times,
     }
     if snaps:
         from torch.nn.utils import parameters_to_vector, vector_to_parameters

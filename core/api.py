@@ -750,6 +750,17 @@ def push_pull_raw(
     return Handle(st, hid, name, out, [in_buf.owner, out_buf.owner, *keep])._tracked(rnd)
 
 
+# push_pull mode of a catch-up fetch (csrc/worker/handle.h, PushMode::kQuorumFetch).
+QUORUM_FETCH = 4
+
+
+def quorum_rounds() -> bool:
+    """Whether plain sums are quorum rounds (FASTPS_ROUND_QUORUM), so a wait may report
+    rounds to catch up on."""
+    cfg = _st().cfg
+    return bool(cfg.round_quorum or cfg.round_quorum_fraction)
+
+
 def push_pull_inplace_id(
     ptr: int,
     nbytes: int,
@@ -759,6 +770,7 @@ def push_pull_inplace_id(
     priority: int,
     scale: float,
     compression: Any = None,
+    fetch: bool = False,
 ) -> int:
     """Starts summing the ``nbytes`` at ``ptr`` in place and returns the core's op id.
 
@@ -766,7 +778,11 @@ def push_pull_inplace_id(
     object is made, so nothing the garbage collector tracks stays alive per tensor while
     the op runs (``docs/torch.md``, "Garbage collection"). The caller keeps the memory
     alive and must finish the op with :func:`wait_id` or :func:`try_wait_id` (or see it
-    done with :func:`poll_id`), passing the same ``name``, before it lets go of the memory."""
+    done with :func:`poll_id`), passing the same ``name``, before it lets go of the memory.
+
+    ``fetch=True`` (quorum rounds, docs/async.md "Catch-up"): pushes nothing and writes into
+    ``ptr`` the sum of the tensor's next round, which closed without this worker (a wait
+    on an op of this name returned how many rounds did), from the servers' history."""
     st = _state
     if st is None:
         st = _st()  # raises
@@ -792,7 +808,18 @@ def push_pull_inplace_id(
     try:
         # positional: pybind matches keyword arguments by name on every call
         hid = st.worker.push_pull(
-            ptr, ptr, nbytes, dtype, name, priority, scale, True, True, 0, 0, spec
+            ptr,
+            ptr,
+            nbytes,
+            dtype,
+            name,
+            priority,
+            scale,
+            True,
+            True,
+            0,
+            QUORUM_FETCH if fetch else 0,
+            spec,
         )
     except BaseException as exc:
         if stall is not None:
@@ -828,16 +855,19 @@ def poll_id(hid: int, name: str) -> bool:
     return done
 
 
-def try_wait_id(hid: int, name: str) -> bool:
-    """:func:`poll_id` and, once the op has finished, :func:`wait_id` in one call: False
-    while the op runs; True when it has finished and is released (its error raised, as by
-    :func:`wait_id`). The op id is no longer valid once this returned True or raised."""
+def try_wait_id(hid: int, name: str) -> Optional[int]:
+    """:func:`poll_id` and, once the op has finished, :func:`wait_id` in one call: None
+    while the op runs; once it has finished and is released (its error raised, as by
+    :func:`wait_id`), what :func:`wait_id` returns (the rounds this worker fell behind by
+    under quorum rounds, else 0). The op id is no longer valid once this returned a number
+    or raised."""
     st = _st()
     worker = st.worker
     try:
         if not worker.poll(hid):
-            return False
-        worker.wait(hid, st.cfg.op_timeout)  # finished: returns at once, releases the op
+            return None
+        # finished: returns at once, releases the op
+        lag = int(worker.wait(hid, st.cfg.op_timeout))
     except (RuntimeError, ValueError) as exc:
         _settled_id(st, name)
         raise _explain(st, exc) from None
@@ -845,15 +875,17 @@ def try_wait_id(hid: int, name: str) -> bool:
         _settled_id(st, name)
         raise
     _settled_id(st, name)
-    return True
+    return lag
 
 
-def wait_id(hid: int, name: str, timeout: Optional[float] = None) -> None:
+def wait_id(hid: int, name: str, timeout: Optional[float] = None) -> int:
     """Waits for the op ``hid`` of tensor ``name`` (at most ``timeout`` s, default the op
-    timeout)."""
+    timeout). Returns how many of the tensor's rounds closed after the one answered: under
+    quorum rounds, the rounds this worker fell behind by (fetch them with
+    ``push_pull_inplace_id(..., fetch=True)``, docs/async.md "Catch-up"); else 0."""
     st = _st()
     try:
-        st.worker.wait(hid, timeout or st.cfg.op_timeout)
+        return int(st.worker.wait(hid, timeout or st.cfg.op_timeout))
     except (RuntimeError, ValueError) as exc:
         raise _explain(st, exc) from None
     finally:

@@ -229,6 +229,7 @@ PYBIND11_MODULE(_core, m) {
       .def("error", &Server::error)
       .def("parts_summed", &Server::parts_summed)
       .def("late_pushes", &Server::late_pushes)
+      .def("fetched_rounds", &Server::fetched_rounds)
       .def("refused_connections", &Server::refused_connections)
       .def("rack_sums_awaiting_route", &Server::rack_sums_awaiting_route)
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
@@ -250,9 +251,9 @@ PYBIND11_MODULE(_core, m) {
             r.send = send;
             r.receive = receive;
             r.pushers = pushers;
-            if (mode < 0 || mode > 3)
+            if (mode < 0 || mode > 4)
               throw std::invalid_argument("push_pull of '" + name + "': mode " +
-                                          std::to_string(mode) + " is not 0..3");
+                                          std::to_string(mode) + " is not 0..4");
             r.mode = static_cast<PushMode>(mode);
             r.compression = CompressionSpec::parse(compression);
             py::gil_scoped_release nogil;

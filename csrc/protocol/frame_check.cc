@@ -53,9 +53,10 @@ bool check_frame_header(const FrameHeader& h, std::string* why) {
     return bad(why, "flags", h.flags, "marks a frame other than a push as quorum or async");
   if ((h.flags & kFlagAsync) && (h.flags & kFlagAsyncInit))
     return bad(why, "flags", h.flags, "marks a push as both an async update and an init");
-  if ((h.flags & kFlagQuorum) &&
-      (h.flags & (kFlagAsync | kFlagAsyncInit | kFlagNoData | kFlagNoReply)))
-    return bad(why, "flags", h.flags, "marks a routed or async push as a quorum round");
+  // A quorum push may be want-only (kFlagNoData): a catch-up fetch of a closed round.
+  if ((h.flags & kFlagQuorum) && (h.flags & (kFlagAsync | kFlagAsyncInit | kFlagNoReply)))
+    return bad(why, "flags", h.flags,
+               "marks a push without reply or an async push as a quorum round");
   if ((h.flags & (kFlagAsync | kFlagAsyncInit)) && (h.flags & (kFlagShm | kFlagNoReply)))
     return bad(why, "flags", h.flags, "marks an async push as shared memory or without reply");
   if ((h.flags & kFlagCompressed) && type != MsgType::kPush && type != MsgType::kResult)

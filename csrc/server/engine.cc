@@ -128,7 +128,16 @@ void SumEngine::handle(PushWork& w) {
   KeyState& st = keys_[key];
   bool quorum = h.flags & kFlagQuorum;
   if (quorum && st.error.empty() && h.round < st.round && quorum_.knows(key)) {
-    answer_late(w);  // its round closed without it (quorum.h)
+    answer_late(w);  // its round closed without it (quorum.h); or a catch-up fetch of it
+    return;
+  }
+  if (quorum && (h.flags & kFlagNoData) && st.error.empty()) {
+    // A catch-up fetch is answered from the history only: it must never count as a push.
+    std::ostringstream os;
+    os << "worker " << h.sender << " fetched round " << h.round << " of part " << h.part
+       << " of tensor id " << h.tensor << ", which has not closed (the open round is " << st.round
+       << ")";
+    refuse(w, os.str());
     return;
   }
   if (!st.error.empty()) {
@@ -370,12 +379,15 @@ void SumEngine::answer_late(PushWork& w) {
     refuse(w, os.str());
     return;
   }
-  // Dropped: the round's sum went out without it; the sender gets the same bytes.
+  // Dropped: the round's sum went out without it; the sender gets the same bytes, and in
+  // pushers how many rounds closed after this one, so it can fetch them and catch up
+  // (docs/async.md, "Catch-up"). The open round is st.round: st.round - 1 closed last.
+  KeyState& st = keys_[key];
   FrameHeader r = h;
   r.type = static_cast<uint8_t>(MsgType::kResult);
   r.sender = server_id_;
   r.flags = 0;
-  r.pushers = 0;
+  r.pushers = static_cast<uint32_t>(st.round - 1 - h.round);
   if (w.data.in_slot()) {
     std::memcpy(w.data.data, bytes->data(), h.len);
     Link(w.conn, true).send(r, w.data, answer_written(r, h.sender));
@@ -384,10 +396,12 @@ void SumEngine::answer_late(PushWork& w) {
         .send(r, Payload::memory(bytes->data(), bytes->size(), bytes), answer_written(r, h.sender));
   }
   w.data = Payload{};
-  late_pushes_++;
+  if (h.flags & kFlagNoData)
+    fetched_rounds_++;
+  else
+    late_pushes_++;
   quorum_.note_push(key, h.sender, h.round);
   // The laggard moved up: the open round may have been waiting for it to be in reach.
-  KeyState& st = keys_[key];
   if (st.count > 0 && st.error.empty() && quorum_.may_close(key, st.round, st.count, st.expected)) {
     FrameHeader open = h;
     open.round = st.round;

@@ -62,6 +62,7 @@ class SumEngine {
   }
   uint64_t parts_summed() const { return parts_summed_ + compressed_.parts_summed(); }
   uint64_t late_pushes() const { return late_pushes_; }
+  uint64_t fetched_rounds() const { return fetched_rounds_; }
   uint64_t async_updates() const { return async_updates_; }
 
  private:
@@ -120,6 +121,7 @@ class SumEngine {
   ParamStore params_;
   // Read by other threads (stats): copies of the counters the owners keep.
   std::atomic<uint64_t> late_pushes_{0};
+  std::atomic<uint64_t> fetched_rounds_{0};  // catch-up fetches answered from the history
   std::atomic<uint64_t> async_updates_{0};
   CompressedSum compressed_;  // compressed parts' rounds (docs/compression.md)
   RackRelay* relay_ = nullptr;

@@ -92,6 +92,12 @@ uint64_t Server::late_pushes() const {
   return n;
 }
 
+uint64_t Server::fetched_rounds() const {
+  uint64_t n = 0;
+  for (auto& e : engines_) n += e->fetched_rounds();
+  return n;
+}
+
 uint64_t Server::parts_summed() const {
   uint64_t n = 0;
   for (auto& e : engines_) n += e->parts_summed();

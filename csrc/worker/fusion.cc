@@ -181,7 +181,16 @@ bool Fuser::arrive(const std::shared_ptr<Handle>& h, std::shared_ptr<FusionBucke
            "' while that bucket's previous round is running";
     return true;
   }
-  if (h->nbytes) std::memcpy(b.data.get() + b.plan.offsets[i], h->in, h->nbytes);
+  if (b.arrived == 0) {
+    b.mode = h->mode;
+  } else if (b.mode != h->mode) {
+    *why = "tensor '" + h->tensor->name + "' arrived for fusion bucket '" + b.plan.name + "' as " +
+           (h->fetch() ? "a catch-up fetch" : "a sum") + " while the bucket's round is " +
+           (h->fetch() ? "a sum" : "a catch-up fetch") +
+           " (fetch every tensor of a step's round, or none)";
+    return true;
+  }
+  if (h->nbytes && !h->fetch()) std::memcpy(b.data.get() + b.plan.offsets[i], h->in, h->nbytes);
   b.waiting[i] = h;
   if (++b.arrived == b.waiting.size()) {
     b.in_flight = true;

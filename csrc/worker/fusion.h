@@ -57,6 +57,9 @@ struct FusionBucket {
   // Guarded by Fuser::mu_.
   std::vector<std::shared_ptr<Handle>> waiting;  // by member index; null: not arrived
   size_t arrived = 0;
+  // The round's first member says what it is: a sum, or a catch-up fetch (handle.h); the
+  // others must agree.
+  PushMode mode = PushMode::kSum;
   bool in_flight = false;  // pushed, its sum not back yet
   bool retired = false;    // its plan was replaced; pushed once more at most
   // Member names not arrived this round, for error messages.

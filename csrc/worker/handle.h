@@ -17,8 +17,17 @@
 namespace fastps {
 
 // What a push asks of the server: a plain sum, or (docs/async.md) an update of the
-// parameters it keeps, their initial value from rank 0, or a read of them.
-enum class PushMode : uint8_t { kSum = 0, kAsyncUpdate = 1, kAsyncInit = 2, kAsyncRead = 3 };
+// parameters it keeps, their initial value from rank 0, or a read of them; or, under quorum
+// rounds, a catch-up fetch: the sum of the tensor's next round, which closed without this
+// worker, from the servers' history (want-only, nothing counted; the round still counts
+// as this worker's, so its next push is of the round after).
+enum class PushMode : uint8_t {
+  kSum = 0,
+  kAsyncUpdate = 1,
+  kAsyncInit = 2,
+  kAsyncRead = 3,
+  kQuorumFetch = 4,
+};
 
 struct Handle {
   int64_t id = 0;
@@ -36,13 +45,28 @@ struct Handle {
   bool receive = true;
   uint32_t pushers = 0;
   PushMode mode = PushMode::kSum;
+  // A catch-up fetch travels as the plain sum it stands for does (fused alike), want-only.
+  bool fetch() const { return mode == PushMode::kQuorumFetch; }
   // Async pushes travel as routed ones do: straight to the servers, no local sum, no fusion.
-  bool routed() const { return !send || !receive || pushers != 0 || mode != PushMode::kSum; }
+  bool routed() const {
+    return !fetch() && (!send || !receive || pushers != 0 || mode != PushMode::kSum);
+  }
   CompressionSpec compression;  // enabled: parts travel compressed, straight to the servers
   // Parts go straight to the servers (no fusion, local reduce or staging slot).
   bool direct() const { return routed() || compression.enabled(); }
   std::vector<PartSpan> parts;
   std::atomic<uint32_t> remaining{0};
+  // Quorum rounds: how many of this tensor's rounds closed after the one answered, the
+  // least over its parts (the server says it in a late answer's header; 0: none).
+  void note_lag(uint64_t rounds) {
+    uint64_t cur = lag_.load();
+    while (rounds < cur && !lag_.compare_exchange_weak(cur, rounds)) {
+    }
+  }
+  uint64_t rounds_behind() const {
+    uint64_t l = lag_.load();
+    return l == UINT64_MAX ? 0 : l;
+  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -65,6 +89,9 @@ struct Handle {
     cv.notify_all();
     return true;
   }
+
+ private:
+  std::atomic<uint64_t> lag_{UINT64_MAX};  // UINT64_MAX: no part answered yet
 };
 
 }  // namespace fastps

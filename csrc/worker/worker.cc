@@ -324,10 +324,15 @@ std::vector<std::shared_ptr<Handle>> Worker::bucket_handles(
     h->nbytes = b->plan.nbytes;
     h->dtype = b->plan.dtype;
     h->priority = b->plan.priority;
+    h->mode = b->mode;  // a round of catch-up fetches fetches the bucket's round
     int64_t id = handles_.add(h);
     // Holds the bucket, not the handle (no cycle); runs once the bucket's sum is in.
-    h->on_end = [this, b, id](const std::string& err, ErrorKind kind) {
+    std::weak_ptr<Handle> self = h;
+    h->on_end = [this, b, id, self](const std::string& err, ErrorKind kind) {
       const BucketPlan& plan = b->plan;
+      auto me = self.lock();
+      uint64_t lag = me ? me->rounds_behind() : 0;  // the bucket's lag is each member's
+
       auto members = fuser_.end_round(b.get());
       for (size_t i = 0; i < members.size(); ++i) {
         auto& m = members[i];
@@ -341,6 +346,7 @@ std::vector<std::shared_ptr<Handle>> Worker::bucket_handles(
           continue;
         }
         if (m->nbytes) std::memcpy(m->out, b->data.get() + plan.offsets[i], m->nbytes);
+        m->note_lag(lag);
         if (m->scale != 1.0)
           fastps::scale(m->out, m->nbytes / dtype_size(m->dtype), m->dtype, m->scale);
         handles_.complete(m);
@@ -391,6 +397,10 @@ void Worker::send_part(PartTask t) {
     send_routed(t, link);
     return;
   }
+  if (h.fetch()) {
+    send_fetch(t, link);
+    return;
+  }
   if (h.compression.enabled()) {
     send_compressed(t, link);
     return;
@@ -426,6 +436,23 @@ void Worker::send_part(PartTask t) {
     abort("lost connection to " + link.desc());
 }
 
+void Worker::send_fetch(const PartTask& t, const Link& link) {
+  uint32_t server = t.span.server;
+  size_t len = t.span.len;
+  // The plain sum's header, want-only: the server answers from its history of closed
+  // rounds and counts nothing (docs/async.md, "Catch-up").
+  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
+  hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
+  hdr.flags |= kFlagQuorum | kFlagNoData;
+  stats_.pushed_routed++;
+  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
+  if (!link.send(hdr, Payload{}, [this, server, len, tensor = hdr.tensor, part = hdr.part] {
+        trace::mark(trace::Mark::kWritten, tensor, part, server, len);
+        scheduler_.written(server, len);
+      }))
+    abort("lost connection to " + link.desc());
+}
+
 void Worker::send_relayed(const PartTask& t) {
   const Handle& h = *t.handle;
   uint32_t owner = t.span.server;
@@ -453,6 +480,24 @@ void Worker::send_relayed(const PartTask& t) {
 }
 
 void Worker::check_routing(const PushPullRequest& r) const {
+  if (r.mode == PushMode::kQuorumFetch) {
+    std::string why;
+    if (!opts_.quorum)
+      why = "quorum rounds are off (FASTPS_ROUND_QUORUM unset): no round closes without it";
+    else if (opts_.servers.empty())
+      why = "this job has no servers";
+    else if (local_reduce_)
+      why =
+          "its host sums locally first (shared memory on): the servers count hosts; run "
+          "with FASTPS_SHM=0";
+    else if (!opts_.relay_via.empty())
+      why = "rack relays sum it (a relayed push is not a quorum round)";
+    else if (!r.send || !r.receive || r.pushers || r.compression.enabled())
+      why = "a fetch stands for the plain sum: no routing, no compression";
+    if (!why.empty())
+      throw std::invalid_argument("tensor '" + r.name + "': cannot fetch a closed round: " + why);
+    return;
+  }
   if (r.mode != PushMode::kSum) {
     bool reads = r.mode == PushMode::kAsyncRead;
     if (r.pushers || !r.receive || (r.mode == PushMode::kAsyncUpdate && !r.send) ||
@@ -640,6 +685,9 @@ void Worker::on_result(Connection* c, const FrameHeader& h, void* payload) {
   PartTask t;
   if (!parts_.take(part_key(h.tensor, h.part), &t)) return;
   trace::mark(trace::Mark::kResult, h.tensor, h.part, h.sender, h.len);
+  // A quorum round's answer says how many rounds closed after it (docs/async.md). With a
+  // local sum the host pushed, not this worker: its peers never hear it, so nobody acts.
+  if (opts_.quorum && !local_reduce_ && !t.handle->routed()) t.handle->note_lag(h.pushers);
   if (t.in_flight) scheduler_.answered(t.ticket());
   if (refers_to_slot(h) && !refers_to(h, t.stage)) {
     abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +
@@ -700,7 +748,7 @@ bool Worker::poll(int64_t id) {
   return h->done;
 }
 
-void Worker::wait(int64_t id, double timeout_s) {
+uint64_t Worker::wait(int64_t id, double timeout_s) {
   auto h = handles_.get(id);
   std::unique_lock<std::mutex> lock(h->mu);
   bool ok = h->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return h->done; });
@@ -722,8 +770,10 @@ void Worker::wait(int64_t id, double timeout_s) {
   // A job-ending failure reaches the caller only once no stage can still read or write its
   // tensors (a part being copied by the local stage when the abort came, say).
   if (!err.empty() && !error().empty()) stop_stages(true);
+  uint64_t behind = h->rounds_behind();
   release(id);
   if (!err.empty()) throw_error(kind, err);
+  return behind;
 }
 
 void Worker::stop_stages(bool with_loop) {

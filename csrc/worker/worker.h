@@ -84,7 +84,9 @@ class Worker : public FrameHandler {
   bool poll(int64_t handle);
   // Waits, releases the handle; throws TimeoutError when timeout_s passes (which
   // aborts the job), else the error type the handle failed with (common/errors.h).
-  void wait(int64_t handle, double timeout_s);
+  // Returns how many rounds of the tensor closed after the one answered (quorum rounds:
+  // the rounds to fetch with PushMode::kQuorumFetch before the next push; else 0).
+  uint64_t wait(int64_t handle, double timeout_s);
   void release(int64_t handle);
   // Fails every pending and future operation with this reason, as an error of this kind.
   // quiet: the reason was already reported elsewhere (the scheduler's abort); log it
@@ -118,6 +120,8 @@ class Worker : public FrameHandler {
   // Rack-level hierarchy: a plain sum to this rack's relay for the part's owner.
   void send_relayed(const PartTask& t);
   void send_compressed(const PartTask& t, const Link& link);
+  // A catch-up fetch: want-only quorum push of the part's next round (closed already).
+  void send_fetch(const PartTask& t, const Link& link);
   // Decodes a compressed answer into the part's output; false (and the job aborts,
   // naming the server) if it is not a valid encoding of the part.
   bool decode_answer(Connection* c, const PartTask& t, const FrameHeader& h, const char* payload);

@@ -116,6 +116,7 @@ class _Entry:
         "grad",
         "group",
         "zero",
+        "lag",
     )
 
     def __init__(self, name: str, param: torch.Tensor, index: int) -> None:
@@ -134,6 +135,9 @@ class _Entry:
         self.grad: Optional[torch.Tensor] = None
         self.group = -1
         self.zero = False  # zero ``grad`` in place once the update is applied
+        # Quorum rounds: rounds of this gradient that closed after the one last waited for
+        # (-1: unknown, it went a path that cannot catch up); see _GradientSync.catch_up.
+        self.lag = 0
 
     @property
     def busy(self) -> bool:
@@ -145,8 +149,10 @@ class _Entry:
         once (its error raised), so the ``wait()`` that follows has nothing left to do."""
         if self.hid >= 0:
             try:
-                if not _api.try_wait_id(self.hid, self.name):
+                lag = _api.try_wait_id(self.hid, self.name)
+                if lag is None:
                     return False
+                self.lag = lag
             except BaseException:
                 self.drop()  # the op is gone either way
                 raise
@@ -161,11 +167,12 @@ class _Entry:
         if self.hid >= 0:
             hid, self.hid = self.hid, -1
             try:
-                _api.wait_id(hid, self.name)
+                self.lag = _api.wait_id(hid, self.name)
             finally:
                 self.sent = self.session = None
         elif self.handle is not None:
             handle, self.handle = self.handle, None
+            self.lag = -1
             handle.synchronize()
 
     def drop(self) -> None:
@@ -240,6 +247,11 @@ class _GradientSync:
         self._ranked_for: Optional[List[int]] = None
         self.should_synchronize = True
         self.synchronized = False
+        # Quorum rounds (docs/async.md, "Catch-up"): the rounds this worker fell behind by
+        # in its last synchronize, and the gradients that synchronize waited for.
+        self.behind = 0
+        self.waited: List[_Entry] = []
+        self.rounds = 0  # rounds applied by step(), caught-up ones included
         self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
         # Tensor fusion of the small gradients (core/fusion_plan.py, set by _plan_fusion).
         self.fusion = FusionPlan(f"optimizer.{self.sync_id}")
@@ -560,6 +572,7 @@ class _GradientSync:
                 pending = [e for e in self.entries if e.busy]
             pending.sort(key=self.priority, reverse=True)
             started = _tl.start()
+            self.behind, self.waited = 0, []
             try:
                 for e in pending:
                     e.wait()
@@ -567,10 +580,43 @@ class _GradientSync:
             finally:
                 for e in pending:
                     e.drop()  # after a failure: forget what was not waited for
+            if pending and _api.quorum_rounds():
+                # Rounds closed for every gradient (the least lag): the catch-up fetches
+                # them all alike. Any gradient off the fast path: no catch-up (-1).
+                self.behind = max(0, min(e.lag for e in pending))
+                self.waited = pending
         self.reset_passes()
         if self.order.learning and self.order.seen:
             self.order.stop()
         self.synchronized = True
+
+    def fetch_next_round(self) -> int:
+        """Catch-up (docs/async.md): writes into each gradient the sum of its next round,
+        which closed without this worker, from the servers' history (nothing is pushed or
+        counted); returns how many rounds closed after that one, the least over them."""
+        hids = []
+        try:
+            for e in self.waited:
+                g = e.param.grad
+                assert g is not None and g.is_contiguous()  # the fast path pushed it
+                hids.append(
+                    (
+                        e,
+                        _api.push_pull_inplace_id(
+                            g.data_ptr(),
+                            g.numel() * g.element_size(),
+                            _FAST_DTYPES[g.dtype],
+                            tuple(g.shape),
+                            e.name,
+                            self.priority(e),
+                            self.scale,
+                            fetch=True,
+                        ),
+                    )
+                )
+        finally:
+            lags = [_api.wait_id(hid, e.name) for e, hid in hids]
+        return min(lags) if lags else 0
 
     def _set_fast_path(self) -> None:
         """Whether gradients may take the fast path, and the factor the core applies to
@@ -600,6 +646,7 @@ class _GradientSync:
             self.agreed = None
             self.agreements = 0
             self.synchronized = False
+            self.behind, self.waited = 0, []
             # The new generation's core has no fusion plan: every rank, joiners included,
             # sets it again after the first step (_plan_fusion), so all fuse alike.
             self.fusion.forget()
@@ -653,6 +700,7 @@ class _DistributedMixin:
             and cross.usable(self)
         ):
             cross.defer_step(self)
+            sync.rounds += 1
             if sync.active:
                 freeze_once()
             return None
@@ -663,7 +711,21 @@ class _DistributedMixin:
         sync.synchronized = False
         started = _tl.start()
         result = super().step(closure)  # type: ignore[misc]
+        sync.rounds += 1
         _tl.end("optimizer applied", f"{len(sync.entries)} parameters", started)
+        # Quorum rounds: the rounds that closed without this worker since the one just
+        # applied are applied too, in turn, as every other replica did (docs/async.md,
+        # "Catch-up"); its next gradient is then computed on parameters at most a round old.
+        # Exactly the rounds the answer named, not those that closed meanwhile: a worker
+        # whose link cannot carry the sums as fast as rounds close would chase them for
+        # good and never compute a gradient again.
+        behind, sync.behind = sync.behind, 0
+        for _ in range(behind):
+            started = _tl.start()
+            sync.fetch_next_round()
+            super().step()  # type: ignore[misc]
+            sync.rounds += 1
+            _tl.end("caught up a round", f"{len(sync.waited)} gradients", started)
         if sync.active:
             freeze_once()  # the long-lived heap exists now (heap.py)
         return result
@@ -771,6 +833,16 @@ class _DistributedMixin:
     @property
     def backward_passes_per_step(self) -> int:
         return self._fastps.passes_per_step
+
+    @property
+    def applied_rounds(self) -> int:
+        """Rounds of averaged gradients this optimizer applied, the same count on every
+        replica after the same rounds. Under quorum rounds a slow worker catches up several
+        rounds in one ``step()`` (docs/async.md, "Catch-up"), so it makes fewer steps than
+        its peers for the same rounds: a training loop that must end on every worker
+        together counts these (``while opt.applied_rounds < total``), not its own steps.
+        """
+        return self._fastps.rounds
 
     def parameter_order(self) -> List[str]:
         """Parameter names in the order their gradients are prioritised (first = sent
@@ -976,6 +1048,16 @@ def DistributedOptimizer(
             warnings.warn(
                 "fastps: cross-barrier updates off: FASTPS_SFB is on; step() waits for every "
                 "gradient",
+                stacklevel=2,
+            )
+    if deferred and _api.is_initialized() and _api.quorum_rounds():
+        # A slow worker catches up on whole rounds in step() (docs/async.md, "Catch-up"),
+        # applying every parameter's sum of a round before fetching the next
+        deferred = False
+        if explicit(cross_barrier):
+            warnings.warn(
+                "fastps: cross-barrier updates off: FASTPS_ROUND_QUORUM is on; step() waits "
+                "for every gradient and catches up on rounds that closed without this worker",
                 stacklevel=2,
             )
     if deferred and sync.active:
