@@ -160,7 +160,7 @@ def to_numpy(value: Any, dtype: str) -> np.ndarray:
 def from_numpy(arr: np.ndarray, dtype: str) -> np.ndarray:
     """The layer's array as the array TensorFlow expects for ``dtype`` (bfloat16 bits
     reinterpreted)."""
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr, order="C")  # np.ascontiguousarray would make a scalar 1-D
     if dtype == "bfloat16":
         return arr.view(tf.bfloat16.as_numpy_dtype)
     if dtype in _MOVED_NUMPY:

@@ -11,6 +11,7 @@ back) and synced (``broadcast_variables`` from rank 0). Launch with
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, List, Optional, Sequence
 
 import fastps
@@ -73,6 +74,9 @@ class _VariablesHandler(_state.Handler):
         variables = self._variables(self.value)
         if variables:
             broadcast_variables(variables, root_rank=0, name=f"elastic.{self._what}")
+        # Horovod's TensorFlow states commit what they synced: a restore before the next
+        # commit goes back to rank 0's values, not to this rank's own from before.
+        self.save()
 
 
 def _model_variables(model: Any) -> List[Any]:
@@ -86,21 +90,36 @@ def _optimizer_variables(optimizer: Any) -> List[Any]:
     return list(variables() if callable(variables) else variables)
 
 
-def _is_keras_model(value: Any) -> bool:
+def _keras_modules() -> List[Any]:
+    """Keras 3, and Keras 2 (``tf_keras``, what ``tf.keras`` is under
+    ``TF_USE_LEGACY_KERAS=1``) when the program has loaded it: a Keras 2 model or optimizer
+    exists only then."""
+    mods = []
     try:
         import keras
+
+        mods.append(keras)
     except ImportError:  # pragma: no cover - TensorFlow 2 ships Keras
-        return False
-    return isinstance(value, keras.Model)
+        pass
+    keras2 = sys.modules.get("tf_keras")
+    if keras2 is not None:
+        mods.append(keras2)
+    return mods
+
+
+def _is_keras_model(value: Any) -> bool:
+    return any(isinstance(value, k.Model) for k in _keras_modules())
 
 
 def _is_optimizer(value: Any) -> bool:
-    try:
-        import keras
-    except ImportError:  # pragma: no cover
-        return False
     # fastps's DistributedOptimizer subclasses the optimizer it wraps.
-    return isinstance(value, keras.optimizers.Optimizer)
+    kinds = []
+    for k in _keras_modules():
+        kinds.append(k.optimizers.Optimizer)
+        legacy = getattr(k.optimizers, "legacy", None)
+        if legacy is not None and isinstance(getattr(legacy, "Optimizer", None), type):
+            kinds.append(legacy.Optimizer)
+    return isinstance(value, tuple(kinds))
 
 
 def _handler_for(value: Any) -> Optional[_state.Handler]:

@@ -12,6 +12,10 @@ Works eagerly (a Python branch) and in graphs (one ``tf.cond``: only the N-th ru
 step executes the reduction's ops, so the other passes send nothing). The accumulators are
 ``tf.Variable``s the optimizer does not track: they are not saved with it and are not
 broadcast by ``BroadcastGlobalVariablesCallback`` (each worker's partial sum is its own).
+
+Horovod's split form (``_compute_gradients`` then ``apply_gradients``) runs the same cycle
+in two halves: :meth:`LocalAggregation.accumulate` sums and, on the N-th pass, reduces and
+zeroes; :meth:`LocalAggregation.apply_if_reduced` updates only when the count is back at 0.
 """
 
 from __future__ import annotations
@@ -127,13 +131,75 @@ class LocalAggregation:
 
         if E.executing_eagerly():
             return reduce_and_apply() if bool(due) else skip()
+        return tf.cond(due, _for_effect(reduce_and_apply), _for_effect(skip))
 
-        def taken(fn: Callable[[], Any]) -> Callable[[], tf.Tensor]:
-            # Both branches return the same structure; the ops run for their effects.
-            def branch() -> tf.Tensor:
-                fn()
-                return tf.constant(True)
+    @E.no_autograph
+    def accumulate(
+        self,
+        grads: Sequence[Any],
+        variables: Sequence[Any],
+        reduce: Callable[[List[Any], List[Any]], List[Any]],
+    ) -> List[Any]:
+        """Horovod's split form (``_compute_gradients``, then ``apply_gradients``): adds
+        ``grads`` to the sums and returns, on the N-th pass, the reduced sums (divided by N
+        with ``average_aggregated_gradients``), after which the sums and the count are
+        zeroed; on the other passes the sums so far (not reduced). :meth:`apply_if_reduced`
+        then updates only after the N-th pass."""
+        variables = list(variables)
+        grads = [None if g is None else self._dense(g, v) for g, v in zip(grads, variables)]
+        accs = self._accumulators(grads, variables)
+        for g, acc in zip(grads, accs):
+            if acc is not None:
+                acc.assign_add(tf.cast(g, acc.dtype))
+        count = self.counter
+        count.assign_add(1)
+        present = [i for i, acc in enumerate(accs) if acc is not None]
 
-            return branch
+        def reduce_and_clear() -> List[Any]:
+            sums = [None if acc is None else acc.read_value() for acc in accs]
+            reduced = reduce(sums, variables)
+            if self.average:
+                reduced = [r if r is None else r / tf.cast(self.passes, r.dtype) for r in reduced]
+            out = [tf.identity(reduced[i]) for i in present]
+            # Zeroed only once the reduced values exist (they were read from the sums).
+            with tf.control_dependencies(out):
+                for acc in accs:
+                    if acc is not None:
+                        acc.assign(tf.zeros_like(acc))
+                count.assign(0)
+            return [tf.constant(True)] + out  # the flag: a cond branch may not be empty
 
-        return tf.cond(due, taken(reduce_and_apply), taken(skip))
+        def sums_so_far() -> List[Any]:
+            return [tf.constant(False)] + [accs[i].read_value() for i in present]
+
+        if E.executing_eagerly():
+            due = int(count.numpy()) >= self.passes
+            values = (reduce_and_clear() if due else sums_so_far())[1:]
+        else:
+            due = tf.greater_equal(count.read_value(), self.passes)
+            values = tf.cond(due, reduce_and_clear, sums_so_far)[1:]
+        result: List[Any] = [None] * len(accs)
+        for i, value in zip(present, values):
+            result[i] = value
+        return result
+
+    @E.no_autograph
+    def apply_if_reduced(self, apply: Callable[[], Any], skip: Callable[[], Any]) -> Any:
+        """The update half of the split form: ``apply()`` when the last :meth:`accumulate`
+        reduced (the count is back at 0), else ``skip()`` (which advances the iteration
+        count). Returns what the taken branch returns (a bool tensor in graphs)."""
+        reduced = tf.equal(self.counter.read_value(), 0)
+        if E.executing_eagerly():
+            return apply() if bool(reduced) else skip()
+        return tf.cond(reduced, _for_effect(apply), _for_effect(skip))
+
+
+def _for_effect(fn: Callable[[], Any]) -> Callable[[], tf.Tensor]:
+    """``fn`` as a ``tf.cond`` branch run for its effects: both branches must return the
+    same structure, whatever ``fn`` returns."""
+
+    def branch() -> tf.Tensor:
+        fn()
+        return tf.constant(True)
+
+    return branch

@@ -47,6 +47,18 @@ def _distributed_class(base: Any) -> Any:
             variables = trainable_variables
         sync: OptimizerGradients = self._fastps_grads
         cb = self.__dict__.get("_fastps_cb")
+        if sync.take_reduced(variables):
+            # From _compute_gradients: reduced (or aggregated) there already.
+            if cb is not None:
+                cb.flush()
+            if sync.aggregation is None:
+                return base.apply(self, grads, trainable_variables)
+            if not self.built:
+                self.build(variables)
+            return sync.aggregation.apply_if_reduced(
+                lambda: base.apply(self, grads, trainable_variables),
+                lambda: self._iterations.assign_add(1),
+            )
         if cb is not None:
             if E.executing_eagerly() and sync.plain(variables):
                 arriving = self._fastps_reducer.start_each(grads, variables)
@@ -90,6 +102,8 @@ def _distributed_class(base: Any) -> Any:
         (base,),
         {
             "apply": apply,
+            "compute_gradients": _compute_gradients_public,
+            "_compute_gradients": _make_compute_gradients(base),
             "register_local_var": _register_local_var,
             "wait_for_updates": wait_for_updates,
             "__setattr__": __setattr__,
@@ -120,6 +134,15 @@ def _keras2_class(base: Any) -> Any:
         def update(reduced: List[Any]) -> Any:
             return base.apply_gradients(self, list(zip(reduced, variables)), *args, **kwargs)
 
+        if sync.take_reduced(variables):
+            # From _compute_gradients (model.fit's minimize): reduced there already.
+            if sync.aggregation is None:
+                return update(grads)
+            with tf.init_scope():
+                iterations = self.iterations
+            return sync.aggregation.apply_if_reduced(
+                lambda: update(grads), lambda: iterations.assign_add(1)
+            )
         if sync.aggregation is None:
             return update(sync.reduce(grads, variables))
         with tf.init_scope():
@@ -133,6 +156,8 @@ def _keras2_class(base: Any) -> Any:
         (base,),
         {
             "apply_gradients": apply_gradients,
+            "compute_gradients": _compute_gradients_public,
+            "_compute_gradients": _make_compute_gradients(base),
             "register_local_var": _register_local_var,
             "__module__": base.__module__,
             "__doc__": base.__doc__,
@@ -141,6 +166,68 @@ def _keras2_class(base: Any) -> Any:
     )
     _classes[base] = cls
     return cls
+
+
+def _make_compute_gradients(base: Any) -> Any:
+    """Horovod's ``_compute_gradients`` for a subclass of ``base``."""
+
+    @E.no_autograph
+    def _compute_gradients(
+        self: Any, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
+    ) -> List[Any]:
+        """Horovod's: the (gradient, variable) pairs of ``loss`` with the gradients already
+        reduced over the workers (with ``backward_passes_per_step=N``: this worker's sums,
+        reduced on every N-th call). The next ``apply_gradients`` of these variables takes
+        them as they are instead of reducing again. ``loss`` is a tensor recorded on
+        ``tape``, or a callable (then ``tape`` may be None)."""
+        pairs = _local_gradients(self, base, loss, var_list, grad_loss, tape)
+        variables = [v for _, v in pairs]
+        sync: OptimizerGradients = self._fastps_grads
+        reduced = sync.compute([g for g, _ in pairs], variables)
+        return list(zip(reduced, variables))
+
+    return _compute_gradients
+
+
+def _compute_gradients_public(self: Any, loss: Any, var_list: Any, tape: Any = None) -> List[Any]:
+    """Horovod's ``compute_gradients``: ``_compute_gradients`` without ``grad_loss``."""
+    return self._compute_gradients(loss, var_list, None, tape)
+
+
+def _local_gradients(
+    opt: Any, base: Any, loss: Any, var_list: Any, grad_loss: Any, tape: Any
+) -> List[Any]:
+    """This worker's (gradient, variable) pairs of ``loss``, computed as ``base`` computes
+    them where it can (Keras 2 transforms the loss and checks the arguments), else with
+    the tape as Keras 2 does (Keras 3 optimizers compute no gradients)."""
+    legacy = getattr(base, "_compute_gradients", None)
+    if legacy is not None:
+        return list(legacy(opt, loss, var_list, grad_loss=grad_loss, tape=tape))
+    current = getattr(base, "compute_gradients", None)
+    if current is not None and grad_loss is None:
+        return list(current(opt, loss, var_list, tape=tape))
+    if not callable(loss) and tape is None:
+        raise ValueError(
+            "_compute_gradients: a tape is needed when the loss is a tensor "
+            f"(got loss={loss!r} and tape=None); or pass the loss as a callable"
+        )
+    tape = tf.GradientTape() if tape is None else tape
+    if callable(loss):
+        with tape:
+            if not callable(var_list):
+                # Keras 3 variables are watched through the tf.Variable they hold.
+                tape.watch(
+                    [
+                        v if isinstance(v, (tf.Variable, tf.Tensor)) else v.value
+                        for v in tf.nest.flatten(var_list)
+                    ]
+                )
+            loss = loss()
+    if callable(var_list):
+        var_list = var_list()
+    var_list = tf.nest.flatten(var_list)
+    grads = tape.gradient(loss, var_list, output_gradients=grad_loss)
+    return list(zip(grads, var_list))
 
 
 def _is_keras2_optimizer(optimizer: Any) -> bool:
@@ -433,6 +520,9 @@ class OptimizerGradients:
         # id -> variable (kept alive, so the id stays its own)
         self._local_vars: Dict[int, Any] = {}
         self._local_layers: List[Any] = []
+        # The variables whose gradients the last compute() returned (id -> variable), until
+        # the next apply takes them; None when no compute() is waiting for its apply.
+        self._computed: Optional[Dict[int, Any]] = None
 
     def register_local_var(self, var: Any) -> None:
         self._local_vars[id(var)] = var
@@ -466,6 +556,25 @@ class OptimizerGradients:
             if loc and g is not None:
                 out[i] = self._scaled(g) if self.scale_local else g
         return out
+
+    def compute(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """Horovod's ``_compute_gradients`` half: the gradients reduced where they are
+        computed (with aggregation: the sums, reduced on the N-th pass). Marks
+        ``variables`` so that the next apply (:meth:`take_reduced`) does not reduce again."""
+        variables = list(variables)
+        if self.aggregation is None:
+            out = self.reduce(grads, variables)
+        else:
+            out = self.aggregation.accumulate(grads, variables, self.reduce)
+        self._computed = {id(v): v for v in variables}
+        return out
+
+    def take_reduced(self, variables: Sequence[Any]) -> bool:
+        """Whether the gradients an apply got come from :meth:`compute` (every variable
+        was among the last compute's); clears the mark either way, so an apply that did
+        not follow a compute reduces its gradients itself."""
+        computed, self._computed = self._computed, None
+        return computed is not None and all(id(v) in computed for v in variables)
 
     def _scaled(self, grad: Any) -> Any:
         if isinstance(grad, tf.IndexedSlices):

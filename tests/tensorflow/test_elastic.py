@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tfjobs import WORKERS, fastpsrun, tail
 
 tf = pytest.importorskip("tensorflow")
 
@@ -176,3 +177,15 @@ def test_worker_joins_keras_fit(tmp_path, subprocess_env):
     assert sizes == sorted(sizes), sizes  # one change of world: 2 workers, then 3
     for got, ref in zip(out["params"], keras_fit_elastic.reference(sizes)):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("keras", ["keras3", "keras2"])
+def test_state_sync_across_ranks(keras):
+    """TensorFlowState and KerasState (Keras 3, and Keras 2 models and optimizers) in a
+    2-worker job: sync gives every rank rank 0's values, and a restore after the sync goes
+    back to those, not to the rank's own from before (tests/tensorflow/workers/
+    tf_elastic_state_worker.py)."""
+    p = fastpsrun(2, [str(WORKERS / "tf_elastic_state_worker.py"), keras])
+    assert p.returncode == 0, tail(p)
+    for r in range(2):
+        assert f"rank {r} OK" in p.stdout, tail(p)

@@ -22,3 +22,18 @@ def test_local_aggregation_and_local_layers(keras: str) -> None:
         assert f"rank {r} OK" in p.stdout, tail(p)
     cases = 10 if keras == "keras2" else 5  # two optimizer kinds under Keras 2
     assert len(re.findall(r"rank 0 .*: ok", p.stdout)) == cases, tail(p)
+
+
+@pytest.mark.parametrize("keras", ["keras3", "keras2"])
+def test_compute_gradients_reduces_once(keras: str) -> None:
+    """Horovod's split step, ``_compute_gradients`` then ``apply_gradients``: the gradients
+    come back reduced (with op=Sum a second reduction would show), scalars stay scalars,
+    with N=2 the first pass returns this rank's own gradients and applies nothing; the
+    plain ``apply_gradients`` path with a scalar variable too; eagerly and in tf.function
+    (tests/tensorflow/workers/tf_keras_compute_gradients_worker.py)."""
+    p = fastpsrun(2, [str(WORKERS / "tf_keras_compute_gradients_worker.py"), keras])
+    assert p.returncode == 0, tail(p)
+    for r in range(2):
+        assert f"rank {r} OK" in p.stdout, tail(p)
+    cases = 16 if keras == "keras2" else 8  # two optimizer kinds under Keras 2
+    assert len(re.findall(r"rank 0 .*: ok", p.stdout)) == cases, tail(p)
