@@ -238,7 +238,9 @@ class ReroutingWorker:
             raise ValueError(f"unknown push_pull handle {hid}")
         return op
 
-    def wait(self, hid: int, timeout_s: float) -> None:
+    def wait(self, hid: int, timeout_s: float) -> int:
+        """Like ``Worker.wait``; returns the quorum lag, always 0 here (an elastic-server
+        job reroutes parts between servers and runs no quorum catch-up)."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._cv:
@@ -246,7 +248,7 @@ class ReroutingWorker:
                 while True:
                     if op.state == "done":
                         del self._ops[hid]
-                        return
+                        return 0
                     if op.state == "failed":
                         del self._ops[hid]
                         assert op.error is not None
