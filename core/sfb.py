@@ -99,9 +99,14 @@ def _mb(n: int) -> str:
 
 
 def report(layers: Sequence[LayerCost], how: str, skipped: Sequence[str] = ()) -> List[str]:
-    """The start-up lines: the mode, each candidate layer's costs and choice, and the
-    layers that cannot use factors with the reason."""
+    """The start-up lines: the mode, each candidate layer's costs and choice, the layers
+    that cannot use factors with the reason, and those no pass ran before the choice."""
     lines = [f"fastps SFB ({how}): {len(layers)} fully-connected layer(s) considered"]
     lines += [f"fastps SFB   {layer.describe(how)}" for layer in layers]
     lines += [f"fastps SFB   {why}" for why in skipped]
+    unseen = [layer.name for layer in layers if layer.batch == 0]
+    if unseen:
+        lines.append(
+            "fastps SFB   not run in the first forward pass, servers: " + ", ".join(unseen)
+        )
     return lines

@@ -274,13 +274,6 @@ class SufficientFactors:
             shown = [c for c in costs if c.name not in blocked]
             for line in _cost.report(shown, self.how, self.skipped):
                 print(line, file=sys.stderr, flush=True)
-            unseen = [c.name for c in shown if c.batch == 0]
-            if unseen:
-                print(
-                    "fastps SFB   not run in the first forward pass, servers: " + ", ".join(unseen),
-                    file=sys.stderr,
-                    flush=True,
-                )
         for layer in self.layers:
             if not layer.chosen:
                 self._release(layer)

@@ -95,6 +95,29 @@ class LocalAggregation:
             out.append(entry[1])
         return out
 
+    def _add(self, grads: Sequence[Any], variables: List[Any]) -> List[Any]:
+        """Adds this pass's ``grads`` to the sums and counts the pass; returns the sums
+        (None where a variable has no gradient)."""
+        grads = [None if g is None else self._dense(g, v) for g, v in zip(grads, variables)]
+        accs = self._accumulators(grads, variables)
+        for g, acc in zip(grads, accs):
+            if acc is not None:
+                acc.assign_add(tf.cast(g, acc.dtype))
+        self.counter.assign_add(1)
+        return accs
+
+    def _reduced(
+        self,
+        accs: List[Any],
+        variables: List[Any],
+        reduce: Callable[[List[Any], List[Any]], List[Any]],
+    ) -> List[Any]:
+        """The sums reduced over the workers, divided by N with ``average``."""
+        reduced = reduce([None if acc is None else acc.read_value() for acc in accs], variables)
+        if self.average:
+            reduced = [r if r is None else r / tf.cast(self.passes, r.dtype) for r in reduced]
+        return reduced
+
     @E.no_autograph
     def step(
         self,
@@ -108,20 +131,12 @@ class LocalAggregation:
         variables))`` and zeroes the sums, otherwise ``skip()`` (which advances the
         iteration count). Returns what the taken branch returns (a bool tensor in graphs)."""
         variables = list(variables)
-        grads = [None if g is None else self._dense(g, v) for g, v in zip(grads, variables)]
-        accs = self._accumulators(grads, variables)
-        for g, acc in zip(grads, accs):
-            if acc is not None:
-                acc.assign_add(tf.cast(g, acc.dtype))
+        accs = self._add(grads, variables)
         count = self.counter
-        count.assign_add(1)
         due = tf.greater_equal(count.read_value(), self.passes)
 
         def reduce_and_apply() -> Any:
-            sums = [None if acc is None else acc.read_value() for acc in accs]
-            reduced = reduce(sums, variables)
-            if self.average:
-                reduced = [r if r is None else r / tf.cast(self.passes, r.dtype) for r in reduced]
+            reduced = self._reduced(accs, variables, reduce)
             result = apply(reduced)
             for acc in accs:
                 if acc is not None:
@@ -146,20 +161,12 @@ class LocalAggregation:
         zeroed; on the other passes the sums so far (not reduced). :meth:`apply_if_reduced`
         then updates only after the N-th pass."""
         variables = list(variables)
-        grads = [None if g is None else self._dense(g, v) for g, v in zip(grads, variables)]
-        accs = self._accumulators(grads, variables)
-        for g, acc in zip(grads, accs):
-            if acc is not None:
-                acc.assign_add(tf.cast(g, acc.dtype))
+        accs = self._add(grads, variables)
         count = self.counter
-        count.assign_add(1)
         present = [i for i, acc in enumerate(accs) if acc is not None]
 
         def reduce_and_clear() -> List[Any]:
-            sums = [None if acc is None else acc.read_value() for acc in accs]
-            reduced = reduce(sums, variables)
-            if self.average:
-                reduced = [r if r is None else r / tf.cast(self.passes, r.dtype) for r in reduced]
+            reduced = self._reduced(accs, variables, reduce)
             out = [tf.identity(reduced[i]) for i in present]
             # Zeroed only once the reduced values exist (they were read from the sums).
             with tf.control_dependencies(out):

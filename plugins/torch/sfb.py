@@ -180,13 +180,6 @@ class SufficientFactors:
         if _api.rank() == root:
             for line in _cost.report(costs, self.how, self.skipped):
                 print(line, file=sys.stderr, flush=True)
-            unseen = [c.name for c in costs if c.batch == 0]
-            if unseen:
-                print(
-                    "fastps SFB   not run in the first forward pass, servers: " + ", ".join(unseen),
-                    file=sys.stderr,
-                    flush=True,
-                )
         for layer in self.layers:
             if not layer.chosen:
                 self._release(layer)
