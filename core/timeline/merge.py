@@ -99,6 +99,28 @@ def _rounds_by_part(events: List[List[int]], marks: frozenset) -> Dict[Tuple[int
     return by_part
 
 
+_LOOKBACK = 4
+
+
+def _owning_round(
+    rounds: List[Dict[int, Tuple[int, int, int]]], mark: int
+) -> Dict[int, Tuple[int, int, int]]:
+    """The round a (non-enqueue) mark belongs to.
+
+    Every mark but 'written' is stamped before the part is handed on, so it belongs to the
+    latest round. 'written' is stamped by the writer thread after its last byte; descheduled
+    there, it can stamp after the answer and even after the next round's enqueue and send.
+    A part's writes go out in round order, so it belongs to the oldest recent round that
+    sent and has no 'written' yet (only a few rounds back: a round left incomplete by
+    dropped events must not collect much later marks).
+    """
+    if mark == ev.WRITTEN:
+        for r in rounds[-_LOOKBACK:]:
+            if ev.SEND in r and ev.WRITTEN not in r:
+                return r
+    return rounds[-1]
+
+
 def _worker_rounds(events: List[List[int]]) -> Tuple[List[Dict[str, Any]], int]:
     """Complete rounds of every part: {tensor, part, round, marks: {mark: (ts, peer, bytes)}}."""
     out = []
@@ -109,7 +131,7 @@ def _worker_rounds(events: List[List[int]]) -> Tuple[List[Dict[str, Any]], int]:
             ts, _, _, nbytes, mark, peer, _ = e
             if mark == ev.ENQUEUE or not rounds:
                 rounds.append({})
-            rounds[-1].setdefault(mark, (ts, peer, nbytes))
+            _owning_round(rounds, mark).setdefault(mark, (ts, peer, nbytes))
         for k, marks in enumerate(rounds):
             if ev.ENQUEUE not in marks or ev.DONE not in marks:
                 incomplete += 1
