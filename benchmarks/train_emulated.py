@@ -107,6 +107,7 @@ class _GcWatch:
 
     def __init__(self) -> None:
         self.pauses: Dict[int, List[float]] = {0: [], 1: [], 2: []}
+        self.total_s = 0.0  # every collection's pause, for the per-iteration counters
         self.gen2_at: List[float] = []  # perf_counter at each generation-2 collection
         self._t0 = 0.0
         self.on = False
@@ -117,18 +118,70 @@ class _GcWatch:
         if phase == "start":
             self._t0 = time.perf_counter()
         else:
-            self.pauses[int(info["generation"])].append(time.perf_counter() - self._t0)
+            pause = time.perf_counter() - self._t0
+            self.pauses[int(info["generation"])].append(pause)
+            self.total_s += pause
             if int(info["generation"]) == 2:
                 self.gen2_at.append(self._t0)
 
 
+# --stalls: what each iteration spent besides the phases (differences of running totals)
+COUNTERS = (
+    "blocked_ms",  # cross-barrier: waiting for sums before applying updates
+    "update_ms",  # cross-barrier: the optimizer's deferred updates
+    "applies",  # cross-barrier: optimizer calls for deferred updates
+    "gc_ms",  # every garbage collection's pause
+    "vcsw",  # voluntary context switches of the training thread (blocking waits, sleeps)
+    "ivcsw",  # involuntary ones (preempted: another thread or process took the core)
+)
+
+
+def _counting_applies(cb: Any) -> List[int]:
+    """Counts the cross-barrier's optimizer calls for deferred updates (--stalls only)."""
+    count = [0]
+    apply = cb._apply
+
+    def counted(batch: List[Any], waiter: str = "") -> None:
+        if batch:
+            count[0] += 1
+        apply(batch, waiter)
+
+    cb._apply = counted
+    return count
+
+
+def _counters(cb: Any, applies: List[int], watch: _GcWatch) -> Tuple[float, ...]:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_THREAD)
+    return (
+        1e3 * cb.waited_s if cb is not None else 0.0,
+        1e3 * cb.update_s if cb is not None else 0.0,
+        float(applies[0]),
+        1e3 * watch.total_s,
+        float(use.ru_nvcsw),
+        float(use.ru_nivcsw),
+    )
+
+
 def _train(
-    args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any, barrier: Any, finish: Any
+    args: argparse.Namespace,
+    rank: int,
+    world: int,
+    model: Any,
+    opt: Any,
+    barrier: Any,
+    finish: Any,
+    cb: Any = None,
 ) -> Dict[str, Any]:
     import torch
 
     x = torch.zeros(1)
     phases: List[List[float]] = [[], [], [], []]  # zero_grad, forward, backward, step
+    counts: List[Tuple[float, ...]] = []  # --stalls: _counters before each timed iteration
+    backward_end: List[float] = []  # --stalls: when each iteration's backward pass ended
+    applies = _counting_applies(cb) if args.stalls and cb is not None else [0]
+    watch = _GcWatch()
     clock = time.perf_counter
 
     def step() -> None:
@@ -144,12 +197,13 @@ def _train(
         if args.stalls:
             for ph, d in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 ph.append(d)
+            backward_end.append(t3)  # perf_counter is CLOCK_MONOTONIC: one clock for all ranks
 
     for _ in range(args.warmup):
         step()
     for ph in phases:
         ph.clear()
-    watch = _GcWatch()
+    backward_end.clear()
     gc.callbacks.append(watch)
     barrier()
     marks: List[float] = []
@@ -158,6 +212,8 @@ def _train(
     window: List[float] = []
     watch.on = True
     for _ in range(args.steps + 1):
+        if args.stalls:
+            counts.append(_counters(cb, applies, watch))
         marks.append(time.perf_counter())
         step()
     watch.on = False
@@ -186,6 +242,8 @@ def _train(
     }
     if args.stalls:
         out["phases"] = [ph[: len(diffs)] for ph in phases]
+        out["counters"] = [[b - a for a, b in zip(u, v)] for u, v in zip(counts, counts[1:])]
+        out["backward_end"] = backward_end[: len(diffs)]
     if args.cpu:
         out["cpu"] = cpu
         out["cpu_window"] = window
@@ -272,7 +330,7 @@ def child_fastps(args: argparse.Namespace) -> None:
             # sends them in its fixed name order instead of forward order.
             opt._fastps._learned_priority = lambda e: 0
         cb = opt._fastps.cross
-        res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
+        res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates, cb)
         res["cross_barrier"] = cb is not None
         if cb is not None:  # updates that waited past step(), of all updates; time blocked
             res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))
@@ -371,12 +429,53 @@ def _stall_report(res: Dict[int, Dict[str, Any]]) -> str:
             f"    slow: rank {rank} iteration {i}: {1e3 * d:.1f} ms, {PHASES[worst]} "
             f"{1e3 * ph[worst]:.1f} ms"
         )
+    lines.extend(_tail_report(res))
     for rank, r in sorted(res.items()):
         at = r.get("gc2_at", [])
         if at:
             gaps = [f"{b - a:.1f}" for a, b in zip(at, at[1:])]
             lines.append(f"    rank {rank}: {len(at)} gen-2 collections, spaced {gaps[:8]} s")
     return "\n".join(lines)
+
+
+def _tail_report(res: Dict[int, Dict[str, Any]]) -> List[str]:
+    """Where the tail comes from: the mean of every phase and counter (COUNTERS, and
+    ``peer_late_ms``: how much later the slowest rank's backward pass ended) over the
+    iterations at or above the p99 of all workers' iterations, against those between the
+    40th and 60th percentiles (the median's)."""
+    ends = [r.get("backward_end", []) for r in res.values()]
+    m = min(len(e) for e in ends)
+    last = [max(e[i] for e in ends) for i in range(m)]  # the slowest rank's backward end
+
+    def late(r: Dict[str, Any], i: int) -> float:
+        """How long after this rank's backward the slowest rank's ended: the part of the
+        next forward's wait that no communication schedule could save."""
+        e = r.get("backward_end", [])
+        return 1e3 * (last[i] - e[i]) if i < min(m, len(e)) else 0.0
+
+    its = [
+        (d, [ph[i] for ph in r["phases"]], [*r["counters"][i], late(r, i)])
+        for r in res.values()
+        if "counters" in r
+        for i, d in enumerate(r["diffs"])
+        if i < len(r["counters"])
+    ]
+    if len(its) < 100:
+        return []
+    its.sort(key=lambda t: t[0])
+    m = len(its)
+    groups = {"median": its[int(0.4 * m) : int(0.6 * m)], "p99+": its[int(0.99 * m) :]}
+    names = [f"{p} ms" for p in PHASES] + list(COUNTERS) + ["peer_late_ms"]
+    lines = [f"    tail vs median, per iteration ({len(groups['p99+'])} iterations >= p99):"]
+    means: Dict[str, List[float]] = {}
+    for label, rows in groups.items():
+        cols = [[1e3 * x for x in t[1]] + list(t[2]) for t in rows]
+        means[label] = [statistics.mean(c[j] for c in cols) for j in range(len(names))]
+    for j, name in enumerate(names):
+        lines.append(
+            f"      {name:12s} median {means['median'][j]:8.2f}   p99+ {means['p99+'][j]:8.2f}"
+        )
+    return lines
 
 
 def _proc_label(rack: Any, proc: Any) -> str:
