@@ -9,7 +9,7 @@ measures:
 
 - compute alone: one process, no communication (the measured compute time C, including the
   optimizer's update and the emulator's overhead);
-- fastps with cross-barrier updates (``FASTPS_CROSS_BARRIER=1``), without, and with
+- fastps with cross-barrier updates (``cross_barrier=True``), without, and with
   cross-barrier updates but every gradient at the same priority (what P3's order buys),
   at each k;
 - torch DDP with the Gloo backend (25 MiB buckets, the default).
@@ -22,6 +22,11 @@ limits the links, so the ideal is C. ``--timeline-pairs P`` runs each fastps sys
 with the timeline off and P times on (``FASTPS_TIMELINE``, merged after each run), in the
 order off-on, on-off, ..., for the timeline's cost (docs/benchmarks.md §11).
 
+One set of processes (rack namespaces' workers, servers and scheduler) makes every run of
+a model that it can: compute alone at every ratio, fastps at one k for every ratio and
+fastps system, DDP at every ratio; each run builds a new model and optimizer and warms up as
+a fresh process would. ``--fresh-processes`` starts a set per run instead.
+
     python -m benchmarks.train_emulated --network loopback --models resnet50 --ratios 1
     python -m benchmarks.train_emulated --models resnet50 --ratios 1 -k 0 2   # rack, root
     python -m benchmarks.train_emulated --ratios 1 --systems fastps-cb --timeline-pairs 3
@@ -29,7 +34,8 @@ order off-on, on-off, ..., for the timeline's cost (docs/benchmarks.md §11).
 ``--stalls``: the flatness check (issue 14): 1,000 timed iterations by default (``--steps``),
 each split into zero_grad / forward / backward / step; prints p50, p99 and the maximum of
 each phase and of the iteration, the slowest iterations with the phase that took the time
-and every garbage collection of generation 2, and whether p99 <= 1.2 x p50. ``--scale``
+and every garbage collection of generation 2, whether p99 <= 1.2 x p50, and what the
+iterations at or above the p99 spent against the median ones (COUNTERS). ``--scale``
 shrinks every tensor (same count, same Python-side work per tensor, fewer bytes) so a
 1,000-iteration run takes minutes:
 
@@ -935,7 +941,9 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
 # iterations.
 RUN_OVERHEAD_S = 45.0
 # and what each further run in the same processes adds (a new model and optimizer, the
-# barriers, a full collection between runs): measured in RUN_SWITCH_NOTE below
+# parameter check and barriers, a full collection between runs): an allowance, not measured
+# on its own (2 ResNet-50 ratios x 3 fastps systems x k=0,1 plus DDP on the rack at x0.1,
+# 16 runs in 4 sets, took about 4 min at load 18, iterations and rack set-up included)
 RUN_SWITCH_S = 3.0
 # and how far below a perfect scheduler's period the runs were (fraction of the ideal
 # measured 0.65-0.88, docs/benchmarks.md §9): the estimate divides the period by this.
