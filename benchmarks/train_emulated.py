@@ -715,8 +715,16 @@ class Runner:
                 [rack.spawn(rack.workers[0], argv, env=env, cwd=str(rc.REPO), label="emu-single")]
             )
         elif family == "fastps":
+            # per-op and barrier timeouts as for one run; only the set's wall limit grows
             launch = rc.start_fastps(
-                rack, n, k, argv, self.port, env, timeout_s=timeout, label=f"emu{self.port}"
+                rack,
+                n,
+                k,
+                argv,
+                self.port,
+                env,
+                timeout_s=self.args.run_timeout,
+                label=f"emu{self.port}",
             )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
