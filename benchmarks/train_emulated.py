@@ -9,7 +9,7 @@ measures:
 
 - compute alone: one process, no communication (the measured compute time C, including the
   optimizer's update and the emulator's overhead);
-- fastps with cross-barrier updates (``FASTPS_CROSS_BARRIER=1``), without, and with
+- fastps with cross-barrier updates (``cross_barrier=True``), without, and with
   cross-barrier updates but every gradient at the same priority (what P3's order buys),
   at each k;
 - torch DDP with the Gloo backend (25 MiB buckets, the default).
@@ -22,6 +22,11 @@ limits the links, so the ideal is C. ``--timeline-pairs P`` runs each fastps sys
 with the timeline off and P times on (``FASTPS_TIMELINE``, merged after each run), in the
 order off-on, on-off, ..., for the timeline's cost (docs/benchmarks.md §11).
 
+One set of processes (rack namespaces' workers, servers and scheduler) makes every run of
+a model that it can: compute alone at every ratio, fastps at one k for every ratio and
+fastps system, DDP at every ratio; each run builds a new model and optimizer and warms up as
+a fresh process would. ``--fresh-processes`` starts a set per run instead.
+
     python -m benchmarks.train_emulated --network loopback --models resnet50 --ratios 1
     python -m benchmarks.train_emulated --models resnet50 --ratios 1 -k 0 2   # rack, root
     python -m benchmarks.train_emulated --ratios 1 --systems fastps-cb --timeline-pairs 3
@@ -29,7 +34,8 @@ order off-on, on-off, ..., for the timeline's cost (docs/benchmarks.md §11).
 ``--stalls``: the flatness check (issue 14): 1,000 timed iterations by default (``--steps``),
 each split into zero_grad / forward / backward / step; prints p50, p99 and the maximum of
 each phase and of the iteration, the slowest iterations with the phase that took the time
-and every garbage collection of generation 2, and whether p99 <= 1.2 x p50. ``--scale``
+and every garbage collection of generation 2, whether p99 <= 1.2 x p50, and what the
+iterations at or above the p99 spent against the median ones (COUNTERS). ``--scale``
 shrinks every tensor (same count, same Python-side work per tensor, fewer bytes) so a
 1,000-iteration run takes minutes:
 
@@ -91,6 +97,12 @@ FIELDS = [
 ]
 LR = 0.01
 SYSTEMS = ("fastps-cb", "fastps", "fastps-cb-noprio", "ddp")
+LABELS = {
+    "fastps-cb": "fastps cross-barrier",
+    "fastps": "fastps sync step",
+    "fastps-cb-noprio": "fastps cb, priority off",
+    "ddp": "DDP-Gloo",
+}
 
 
 # ============================================================================ children
@@ -101,6 +113,7 @@ class _GcWatch:
 
     def __init__(self) -> None:
         self.pauses: Dict[int, List[float]] = {0: [], 1: [], 2: []}
+        self.total_s = 0.0  # every collection's pause, for the per-iteration counters
         self.gen2_at: List[float] = []  # perf_counter at each generation-2 collection
         self._t0 = 0.0
         self.on = False
@@ -111,18 +124,70 @@ class _GcWatch:
         if phase == "start":
             self._t0 = time.perf_counter()
         else:
-            self.pauses[int(info["generation"])].append(time.perf_counter() - self._t0)
+            pause = time.perf_counter() - self._t0
+            self.pauses[int(info["generation"])].append(pause)
+            self.total_s += pause
             if int(info["generation"]) == 2:
                 self.gen2_at.append(self._t0)
 
 
+# --stalls: what each iteration spent besides the phases (differences of running totals)
+COUNTERS = (
+    "blocked_ms",  # cross-barrier: waiting for sums before applying updates
+    "update_ms",  # cross-barrier: the optimizer's deferred updates
+    "applies",  # cross-barrier: optimizer calls for deferred updates
+    "gc_ms",  # every garbage collection's pause
+    "vcsw",  # voluntary context switches of the training thread (blocking waits, sleeps)
+    "ivcsw",  # involuntary ones (preempted: another thread or process took the core)
+)
+
+
+def _counting_applies(cb: Any) -> List[int]:
+    """Counts the cross-barrier's optimizer calls for deferred updates (--stalls only)."""
+    count = [0]
+    apply = cb._apply
+
+    def counted(batch: List[Any], waiter: str = "") -> None:
+        if batch:
+            count[0] += 1
+        apply(batch, waiter)
+
+    cb._apply = counted
+    return count
+
+
+def _counters(cb: Any, applies: List[int], watch: _GcWatch) -> Tuple[float, ...]:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_THREAD)
+    return (
+        1e3 * cb.waited_s if cb is not None else 0.0,
+        1e3 * cb.update_s if cb is not None else 0.0,
+        float(applies[0]),
+        1e3 * watch.total_s,
+        float(use.ru_nvcsw),
+        float(use.ru_nivcsw),
+    )
+
+
 def _train(
-    args: argparse.Namespace, rank: int, world: int, model: Any, opt: Any, barrier: Any, finish: Any
+    args: argparse.Namespace,
+    rank: int,
+    world: int,
+    model: Any,
+    opt: Any,
+    barrier: Any,
+    finish: Any,
+    cb: Any = None,
 ) -> Dict[str, Any]:
     import torch
 
     x = torch.zeros(1)
     phases: List[List[float]] = [[], [], [], []]  # zero_grad, forward, backward, step
+    counts: List[Tuple[float, ...]] = []  # --stalls: _counters before each timed iteration
+    backward_end: List[float] = []  # --stalls: when each iteration's backward pass ended
+    applies = _counting_applies(cb) if args.stalls and cb is not None else [0]
+    watch = _GcWatch()
     clock = time.perf_counter
 
     def step() -> None:
@@ -138,12 +203,13 @@ def _train(
         if args.stalls:
             for ph, d in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 ph.append(d)
+            backward_end.append(t3)  # perf_counter is CLOCK_MONOTONIC: one clock for all ranks
 
     for _ in range(args.warmup):
         step()
     for ph in phases:
         ph.clear()
-    watch = _GcWatch()
+    backward_end.clear()
     gc.callbacks.append(watch)
     barrier()
     marks: List[float] = []
@@ -152,9 +218,12 @@ def _train(
     window: List[float] = []
     watch.on = True
     for _ in range(args.steps + 1):
+        if args.stalls:
+            counts.append(_counters(cb, applies, watch))
         marks.append(time.perf_counter())
         step()
     watch.on = False
+    gc.callbacks.remove(watch)
     if args.cpu:  # this process's CPU per timed iteration, per thread name
         used = cpu_delta(thread_cpu(), cpu0)
         cpu = {k: v / (args.steps + 1) for k, v in used.items()}
@@ -179,6 +248,8 @@ def _train(
     }
     if args.stalls:
         out["phases"] = [ph[: len(diffs)] for ph in phases]
+        out["counters"] = [[b - a for a, b in zip(u, v)] for u, v in zip(counts, counts[1:])]
+        out["backward_end"] = backward_end[: len(diffs)]
     if args.cpu:
         out["cpu"] = cpu
         out["cpu_window"] = window
@@ -191,16 +262,14 @@ def em_expected(spec: Any, world: int, steps: int) -> List[float]:
     return expected_update(spec, world, LR, steps)
 
 
-def _model(args: argparse.Namespace, rank: int) -> Tuple[Any, Any]:
+def _model(args: argparse.Namespace, rank: int, iteration_s: float) -> Tuple[Any, Any]:
     import torch
 
     from benchmarks.emulator.sleeper import EmulatedModel
 
     torch.set_num_threads(1)
     spec = _spec(args)
-    model = EmulatedModel(
-        spec, args.iteration_s, rank, args.sparse_embedding and em.has_table(spec)
-    )
+    model = EmulatedModel(spec, iteration_s, rank, args.sparse_embedding and em.has_table(spec))
     return model, torch.optim.SGD
 
 
@@ -209,11 +278,42 @@ def _spec(args: argparse.Namespace) -> em.ModelSpec:
     return spec if args.scale == 1.0 else em.scaled(spec, args.scale)
 
 
+def _plan(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """The runs this process makes, in order: ``{"key", "system", "iteration_s"}`` each
+    (one per launch with ``--fresh-processes``; else every ratio and system of a model
+    that shares this set of processes)."""
+    plan = json.loads(args.plan)
+    if not isinstance(plan, list) or not plan:
+        raise SystemExit(f"--plan wants a non-empty JSON list, got {args.plan!r}")
+    return plan
+
+
+def _between_runs() -> None:
+    """What a fresh process would not carry into the next run: the last run's model and
+    optimizer are garbage (collected here, outside any timed loop), and fastps's one-time
+    heap freeze (plugins/torch/heap.py) happens again after the next run's first step, so
+    each run's collections walk what a fresh process's would."""
+    gc.unfreeze()
+    gc.collect()
+    heap = sys.modules.get("fastps.torch.heap")  # only the fastps child loads it
+    if heap is not None:
+        heap._done = False  # type: ignore[attr-defined]
+
+
+def _emit(runs: Dict[str, Dict[str, Any]], rank: int) -> None:
+    """Every finished run so far (rewritten after each: a failure keeps what finished)."""
+    rc.emit_result({"runs": runs}, rank)
+
+
 def child_single(args: argparse.Namespace) -> None:
-    model, sgd = _model(args, 0)
-    opt = sgd(model.parameters(), lr=LR)
-    res = _train(args, 0, 1, model, opt, lambda: None, lambda: None)
-    rc.emit_result(res, 0)
+    runs: Dict[str, Dict[str, Any]] = {}
+    for cfg in _plan(args):
+        model, sgd = _model(args, 0, cfg["iteration_s"])
+        opt = sgd(model.parameters(), lr=LR)
+        runs[cfg["key"]] = _train(args, 0, 1, model, opt, lambda: None, lambda: None)
+        _emit(runs, 0)
+        del model, opt
+        _between_runs()
 
 
 def child_fastps(args: argparse.Namespace) -> None:
@@ -221,22 +321,30 @@ def child_fastps(args: argparse.Namespace) -> None:
 
     hvd.init()
     rank, world = hvd.rank(), hvd.size()
-    model, sgd = _model(args, rank)
-    opt = hvd.DistributedOptimizer(
-        sgd(model.parameters(), lr=LR), named_parameters=model.named_parameters()
-    )
-    if args.no_priority:
-        # What P3's priorities buy: every gradient gets the same priority, so the core
-        # sends them in its fixed name order instead of forward order.
-        opt._fastps._learned_priority = lambda e: 0
-    cb = opt._fastps.cross
-    res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates)
-    res["cross_barrier"] = cb is not None
-    if cb is not None:  # updates that waited past step(), of all updates; time blocked
-        res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))
-        res["stall_s"] = cb.waited_s / max(1, cb.steps)
-        res["update_s"] = cb.update_s / max(1, cb.steps)
-    rc.emit_result(res, rank)
+    runs: Dict[str, Dict[str, Any]] = {}
+    for cfg in _plan(args):
+        model, sgd = _model(args, rank, cfg["iteration_s"])
+        opt = hvd.DistributedOptimizer(
+            sgd(model.parameters(), lr=LR),
+            named_parameters=model.named_parameters(),
+            cross_barrier=cfg["system"] != "fastps",
+        )
+        if cfg["system"] == "fastps-cb-noprio":
+            # What P3's priorities buy: every gradient gets the same priority, so the core
+            # sends them in its fixed name order instead of forward order.
+            opt._fastps._learned_priority = lambda e: 0
+        cb = opt._fastps.cross
+        res = _train(args, rank, world, model, opt, hvd.barrier, opt.wait_for_updates, cb)
+        res["cross_barrier"] = cb is not None
+        if cb is not None:  # updates that waited past step(), of all updates; time blocked
+            res["deferred_frac"] = cb.deferred / max(1, cb.steps * len(opt._fastps.entries))
+            res["stall_s"] = cb.waited_s / max(1, cb.steps)
+            res["update_s"] = cb.update_s / max(1, cb.steps)
+        runs[cfg["key"]] = res
+        _emit(runs, rank)
+        hvd.barrier()  # every rank is done with this run's gradients
+        del model, opt, cb
+        _between_runs()
     hvd.barrier()
     hvd.shutdown()
 
@@ -246,13 +354,17 @@ def child_ddp(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank, world = rc.init_gloo_from_env(args.op_timeout)
-    model, sgd = _model(args, rank)
-    ddp = DDP(model)
-    ddp.spec = model.spec
-    opt = sgd(ddp.parameters(), lr=LR)
-    res = _train(args, rank, world, ddp, opt, dist.barrier, lambda: None)
-    rc.emit_result(res, rank)
-    dist.barrier()
+    runs: Dict[str, Dict[str, Any]] = {}
+    for cfg in _plan(args):
+        model, sgd = _model(args, rank, cfg["iteration_s"])
+        ddp = DDP(model)
+        ddp.spec = model.spec
+        opt = sgd(ddp.parameters(), lr=LR)
+        runs[cfg["key"]] = _train(args, rank, world, ddp, opt, dist.barrier, lambda: None)
+        _emit(runs, rank)
+        dist.barrier()
+        del model, ddp, opt
+        _between_runs()
     dist.destroy_process_group()
 
 
@@ -321,12 +433,53 @@ def _stall_report(res: Dict[int, Dict[str, Any]]) -> str:
             f"    slow: rank {rank} iteration {i}: {1e3 * d:.1f} ms, {PHASES[worst]} "
             f"{1e3 * ph[worst]:.1f} ms"
         )
+    lines.extend(_tail_report(res))
     for rank, r in sorted(res.items()):
         at = r.get("gc2_at", [])
         if at:
             gaps = [f"{b - a:.1f}" for a, b in zip(at, at[1:])]
             lines.append(f"    rank {rank}: {len(at)} gen-2 collections, spaced {gaps[:8]} s")
     return "\n".join(lines)
+
+
+def _tail_report(res: Dict[int, Dict[str, Any]]) -> List[str]:
+    """Where the tail comes from: the mean of every phase and counter (COUNTERS, and
+    ``peer_late_ms``: how much later the slowest rank's backward pass ended) over the
+    iterations at or above the p99 of all workers' iterations, against those between the
+    40th and 60th percentiles (the median's)."""
+    ends = [r.get("backward_end", []) for r in res.values()]
+    m = min(len(e) for e in ends)
+    last = [max(e[i] for e in ends) for i in range(m)]  # the slowest rank's backward end
+
+    def late(r: Dict[str, Any], i: int) -> float:
+        """How long after this rank's backward the slowest rank's ended: the part of the
+        next forward's wait that no communication schedule could save."""
+        e = r.get("backward_end", [])
+        return 1e3 * (last[i] - e[i]) if i < min(m, len(e)) else 0.0
+
+    its = [
+        (d, [ph[i] for ph in r["phases"]], [*r["counters"][i], late(r, i)])
+        for r in res.values()
+        if "counters" in r
+        for i, d in enumerate(r["diffs"])
+        if i < len(r["counters"])
+    ]
+    if len(its) < 100:
+        return []
+    its.sort(key=lambda t: t[0])
+    m = len(its)
+    groups = {"median": its[int(0.4 * m) : int(0.6 * m)], "p99+": its[int(0.99 * m) :]}
+    names = [f"{p} ms" for p in PHASES] + list(COUNTERS) + ["peer_late_ms"]
+    lines = [f"    tail vs median, per iteration ({len(groups['p99+'])} iterations >= p99):"]
+    means: Dict[str, List[float]] = {}
+    for label, rows in groups.items():
+        cols = [[1e3 * x for x in t[1]] + list(t[2]) for t in rows]
+        means[label] = [statistics.mean(c[j] for c in cols) for j in range(len(names))]
+    for j, name in enumerate(names):
+        lines.append(
+            f"      {name:12s} median {means['median'][j]:8.2f}   p99+ {means['p99+'][j]:8.2f}"
+        )
+    return lines
 
 
 def _proc_label(rack: Any, proc: Any) -> str:
@@ -380,9 +533,7 @@ class Runner:
         self.port = args.base_port
         self.rows: List[Dict[str, Any]] = []
 
-    def argv(
-        self, child: str, model: str, iteration_s: float, no_priority: bool = False
-    ) -> List[str]:
+    def argv(self, child: str, model: str, plan: List[Dict[str, Any]]) -> List[str]:
         a = self.args
         return [
             sys.executable,
@@ -392,15 +543,14 @@ class Runner:
             child,
             "--model",
             model,
-            "--iteration-s",
-            f"{iteration_s:.6f}",
+            "--plan",
+            json.dumps(plan),
             "--steps",
             str(a.steps),
             "--warmup",
             str(a.warmup),
             "--op-timeout",
             str(int(a.run_timeout)),
-            *(["--no-priority"] if no_priority else []),
             *(["--sparse-embedding"] if a.sparse_embedding else []),
             *(["--stalls"] if a.stalls else []),
             *(["--cpu"] if a.cpu else []),
@@ -419,83 +569,94 @@ class Runner:
             return [False]
         return [on != (i % 2 == 1) for i in range(pairs) for on in (False, True)]
 
-    def run(
+    def runs(
+        self, rack: Any, family: str, model: str, k: int, plan: List[Dict[str, Any]]
+    ) -> Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]]:
+        """Every run of ``plan`` (one family: single, fastps or ddp, at one k): key ->
+        (rank -> result, or None and why not). One set of processes makes them all, one
+        after the other, unless ``--fresh-processes`` (or a timeline, which records from
+        a process's start to its exit) asks for a set per run."""
+        fresh = self.args.fresh_processes or any(c.get("timeline") for c in plan)
+        if fresh and len(plan) > 1:
+            out: Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]] = {}
+            for cfg in plan:
+                out.update(self.runs(rack, family, model, k, [cfg]))
+            return out
+        if plan[0].get("timeline"):
+            return self._with_timeline(rack, family, model, k, plan)
+        return self._launch(rack, family, model, k, plan, {})
+
+    def _with_timeline(
+        self, rack: Any, family: str, model: str, k: int, plan: List[Dict[str, Any]]
+    ) -> Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]]:
+        # Every worker and server records from start to exit; the shares are merged
+        # after the job (as fastpsrun does), outside the timed iterations.
+        from fastps.timeline.merge import merge_files
+        from fastps.timeline.recorder import clear_parts
+
+        trace = os.path.join(tempfile.gettempdir(), f"emu-timeline-{os.getpid()}.json")
+        clear_parts(trace)
+        try:
+            return self._launch(rack, family, model, k, plan, {"FASTPS_TIMELINE": trace})
+        finally:
+            info = merge_files(trace)
+            if info is not None:
+                size = os.path.getsize(trace) / 1e6
+                print(f"  timeline: {info['processes']} processes, {size:.1f} MB", flush=True)
+                os.remove(trace)
+
+    def _launch(
         self,
         rack: Any,
-        system: str,
+        family: str,
         model: str,
-        iteration_s: float,
         k: int,
-        timeline: bool = False,
-    ) -> Tuple[Optional[Dict[int, Dict[str, Any]]], str]:
+        plan: List[Dict[str, Any]],
+        extra: Dict[str, str],
+    ) -> Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]]:
         a = self.args
         self.port += 3
-        n = 1 if system == "single" else a.workers
+        n = 1 if family == "single" else a.workers
         env = dict(rc.QUIET_THREADS)
-        if system.startswith("fastps"):
-            env["FASTPS_CROSS_BARRIER"] = "0" if system == "fastps" else "1"
+        if family == "fastps":
             env.update(a.fastps_env)
-        if timeline:
-            # Every worker and server records from start to exit; the shares are merged
-            # after the job (as fastpsrun does), outside the timed iterations.
-            from fastps.timeline.merge import merge_files
-            from fastps.timeline.recorder import clear_parts
-
-            trace = os.path.join(tempfile.gettempdir(), f"emu-timeline-{os.getpid()}.json")
-            clear_parts(trace)
-            env["FASTPS_TIMELINE"] = trace
-            try:
-                return self._run_env(rack, system, model, iteration_s, k, n, env)
-            finally:
-                info = merge_files(trace)
-                if info is not None:
-                    size = os.path.getsize(trace) / 1e6
-                    print(f"  timeline: {info['processes']} processes, {size:.1f} MB", flush=True)
-                    os.remove(trace)
-        return self._run_env(rack, system, model, iteration_s, k, n, env)
-
-    def _run_env(
-        self,
-        rack: Any,
-        system: str,
-        model: str,
-        iteration_s: float,
-        k: int,
-        n: int,
-        env: Dict[str, str],
-    ) -> Tuple[Optional[Dict[int, Dict[str, Any]]], str]:
-        child = {
-            "single": "single",
-            "fastps-cb": "fastps",
-            "fastps": "fastps",
-            "fastps-cb-noprio": "fastps",
-            "ddp": "ddp",
-        }[system]
-        argv = self.argv(child, model, iteration_s, no_priority=system.endswith("noprio"))
+        env.update(extra)
+        wire = [{key: c[key] for key in ("key", "system", "iteration_s")} for c in plan]
+        argv = self.argv(family, model, wire)
+        timeout = a.run_timeout * len(plan)
+        self.sampler = None
         with tempfile.TemporaryDirectory(prefix="emu-") as tmp:
             env["RACK_RESULT_DIR"] = tmp
             if rack is None:
-                ok, err = self._local(system, n, argv, env)
+                ok, err = self._local(family, n, argv, env, timeout)
             else:
-                ok, err = self._rack(rack, system, n, k, argv, env)
-            res = rc.read_results(Path(tmp))
-        if self.args.cpu and len(res) == n:
-            _attach_cpu(res, self.sampler)
-            self.sampler = None
-        if len(res) != n:
-            return None, f"failed ({len(res)} of {n} results): {_first_error(err)}"
-        return res, ""
+                ok, err = self._rack(rack, family, n, k, argv, env, timeout)
+            got = rc.read_results(Path(tmp))
+        out: Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]] = {}
+        for cfg in plan:
+            res = {r: v["runs"][cfg["key"]] for r, v in got.items() if cfg["key"] in v["runs"]}
+            if len(res) != n:
+                why = f"failed ({len(res)} of {n} results): {_first_error(err)}"
+                out[cfg["key"]] = (None, why)
+                continue
+            if a.cpu:
+                _attach_cpu(res, self.sampler)
+            out[cfg["key"]] = (res, "")
+        self.sampler = None
+        return out
 
-    def _local(self, system: str, n: int, argv: List[str], env: Dict[str, str]) -> Tuple[bool, str]:
+    def _local(
+        self, family: str, n: int, argv: List[str], env: Dict[str, str], timeout: float
+    ) -> Tuple[bool, str]:
         full = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         procs: List[subprocess.Popen] = []
-        if system == "single":
+        if family == "single":
             procs.append(
                 subprocess.Popen(
                     argv, env=full, cwd=rc.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
                 )
             )
-        elif system.startswith("fastps"):
+        elif family == "fastps":
             cmd = [
                 sys.executable,
                 "-m",
@@ -525,7 +686,7 @@ class Runner:
                         argv, env=e, cwd=rc.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
                     )
                 )
-        deadline = time.monotonic() + self.args.run_timeout
+        deadline = time.monotonic() + timeout
         out = []
         ok = True
         for p in procs:
@@ -540,29 +701,47 @@ class Runner:
         return ok, "\n".join(out)[-4000:]
 
     def _rack(
-        self, rack: Any, system: str, n: int, k: int, argv: List[str], env: Dict[str, str]
+        self,
+        rack: Any,
+        family: str,
+        n: int,
+        k: int,
+        argv: List[str],
+        env: Dict[str, str],
+        timeout: float,
     ) -> Tuple[bool, str]:
-        a = self.args
-        if system == "single":
+        if family == "single":
             launch = rc.Launch(
                 [rack.spawn(rack.workers[0], argv, env=env, cwd=str(rc.REPO), label="emu-single")]
             )
-        elif system.startswith("fastps"):
+        elif family == "fastps":
+            # per-op and barrier timeouts as for one run; only the set's wall limit grows
             launch = rc.start_fastps(
-                rack, n, k, argv, self.port, env, timeout_s=a.run_timeout, label=f"emu{self.port}"
+                rack,
+                n,
+                k,
+                argv,
+                self.port,
+                env,
+                timeout_s=self.args.run_timeout,
+                label=f"emu{self.port}",
             )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
-        if not a.cpu:
-            return rc.wait_all(rack, launch, a.run_timeout)
-        # every process of the run, sampled from outside (the servers report nothing)
+        if not self.args.cpu:
+            return rc.wait_all(rack, launch, timeout)
+        # every process of the launch, sampled from outside (the servers report nothing);
+        # each run's window is cut out of the samples afterwards (_attach_cpu)
         labels = {_proc_label(rack, p): p.pid for p in launch.procs}
         with CpuSampler(labels) as self.sampler:
-            return rc.wait_all(rack, launch, a.run_timeout)
+            return rc.wait_all(rack, launch, timeout)
 
-    # -- one model at one ratio
+    # -- one model at every ratio
 
-    def measure(self, rack: Any, model: str, ratio: str, goodput_mbit: float) -> None:
+    def measure(self, rack: Any, model: str, goodput_mbit: float) -> None:
+        """Compute alone, then each fastps system at each k, then DDP, at every ratio:
+        one launch per family and k (every ratio and fastps system in it), rows printed
+        as their launch ends and kept in the order ratio, system, k."""
         a = self.args
         spec = em.spec(model)
         if a.scale != 1.0:
@@ -570,45 +749,87 @@ class Runner:
         model_bytes = 4.0 * spec.numel
         nominal = a.rate * rc.GOODPUT_FACTOR * 1e6 / 8
         bound0_nominal = rc.fastps_bound_s(a.workers, 0, model_bytes, nominal)
-        if ratio == "ref":
-            iteration_s = em.reference_iteration_s(spec) * em.REFERENCE_LINK_MBIT / a.rate
-        else:
-            iteration_s = float(ratio) * bound0_nominal
         network = "loopback" if rack is None else f"rack {a.rate:g} Mbit/s"
         sparse = a.sparse_embedding and em.has_table(spec)
-        base = {
-            "model": model,
-            "embedding_grad": "sparse" if sparse else "",
-            "ratio": ratio,
-            "network": network,
-            "n": a.workers,
-            "rate_mbit": a.rate if rack is not None else "",
-            "goodput_mbit": goodput_mbit if rack is not None else "",
-            "compute_nominal_s": iteration_s,
-        }
-        res, err = self.run(rack, "single", model, iteration_s, 0)
-        if res is None:
-            self._add({**base, "system": "compute alone", "status": err})
-            return
-        compute = _summary(res)["iter_s"]
-        self._add(
-            {
-                **base,
-                "system": "compute alone",
-                "k": "",
-                "compute_s": compute,
-                "iter_s": compute,
-                **_summary(res),
-                "load": rc.load_text(),
-                "status": "ok",
-            }
-        )
         good = goodput_mbit * 1e6 / 8
         rows_used = em.expected_rows() if sparse else 0.0
-        ddp_row: Optional[Dict[str, Any]] = None
-        rows: List[Dict[str, Any]] = []
-        for system in a.systems:
-            for k in a.cpu_hosts if system.startswith("fastps") else [0]:
+        bases: Dict[str, Dict[str, Any]] = {}
+        for ratio in a.ratios:
+            if ratio == "ref":
+                iteration_s = em.reference_iteration_s(spec) * em.REFERENCE_LINK_MBIT / a.rate
+            else:
+                iteration_s = float(ratio) * bound0_nominal
+            bases[ratio] = {
+                "model": model,
+                "embedding_grad": "sparse" if sparse else "",
+                "ratio": ratio,
+                "network": network,
+                "n": a.workers,
+                "rate_mbit": a.rate if rack is not None else "",
+                "goodput_mbit": goodput_mbit if rack is not None else "",
+                "compute_nominal_s": iteration_s,
+            }
+        # compute alone, every ratio
+        single = self.runs(
+            rack,
+            "single",
+            model,
+            0,
+            [
+                {"key": f"single/{r}", "system": "single", "iteration_s": b["compute_nominal_s"]}
+                for r, b in bases.items()
+            ],
+        )
+        computes: Dict[str, float] = {}
+        ordered: Dict[Tuple[str, int, int, int], Dict[str, Any]] = {}
+        for ratio in a.ratios:
+            res, err = single[f"single/{ratio}"]
+            if res is None:
+                row = {**bases[ratio], "system": "compute alone", "status": err}
+            else:
+                computes[ratio] = _summary(res)["iter_s"]
+                row = {
+                    **bases[ratio],
+                    "system": "compute alone",
+                    "k": "",
+                    "compute_s": computes[ratio],
+                    "iter_s": computes[ratio],
+                    **_summary(res),
+                    "load": rc.load_text(),
+                    "status": "ok",
+                }
+            ordered[(ratio, -1, 0, 0)] = row
+            self._add(row)
+        self._write(ordered)
+        ratios = [r for r in a.ratios if r in computes]  # no ideal without compute alone
+        fastps_systems = [s for s in a.systems if s.startswith("fastps")]
+        groups: List[Tuple[str, int, List[str]]] = [
+            ("fastps", k, fastps_systems) for k in (a.cpu_hosts if fastps_systems else [])
+        ]
+        if "ddp" in a.systems:
+            groups.append(("ddp", 0, ["ddp"]))
+        for family, k, systems in groups:
+            plan: List[Dict[str, Any]] = []
+            for ratio in ratios:
+                for system in systems:
+                    for ti, timeline in enumerate(self._timeline_order(system)):
+                        plan.append(
+                            {
+                                "key": f"{system}/{ratio}/{ti}",
+                                "system": system,
+                                "iteration_s": bases[ratio]["compute_nominal_s"],
+                                "timeline": timeline,
+                                "ratio": ratio,
+                                "order": (ratio, a.systems.index(system), k, ti),
+                            }
+                        )
+            if not plan:
+                continue
+            done = self.runs(rack, family, model, k, plan)
+            load = rc.load_text()  # 1-minute average: mostly this launch
+            for cfg in plan:
+                system, ratio = cfg["system"], cfg["ratio"]
+                compute = computes[ratio]
                 if rack is None:
                     bound = 0.0
                 else:  # dense bytes by the bound of the topology, a sparse table allgathered
@@ -616,44 +837,51 @@ class Runner:
                         link_work(spec, a.workers, k, good, rows_used, ring=system == "ddp")
                     )
                 ideal = max(compute, bound)
-                label = {
-                    "fastps-cb": "fastps cross-barrier",
-                    "fastps": "fastps sync step",
-                    "fastps-cb-noprio": "fastps cb, priority off",
-                    "ddp": "DDP-Gloo",
-                }[system]
                 row = {
-                    **base,
-                    "system": label,
+                    **bases[ratio],
+                    "system": LABELS[system] + (" + timeline" if cfg["timeline"] else ""),
                     "k": k,
                     "compute_s": compute,
                     "bound_s": bound,
                     "ideal_s": ideal,
+                    "load": load,
                 }
-                proto = row
-                for timeline in self._timeline_order(system):
-                    row = dict(proto, system=label + (" + timeline" if timeline else ""))
-                    res, err = self.run(rack, system, model, iteration_s, k, timeline)
-                    row["load"] = rc.load_text()  # 1-minute average: mostly this run
-                    if res is None:
-                        row["status"] = err
-                    else:
-                        row.update(_summary(res))
-                        row["frac_ideal"] = ideal / row["iter_s"]
-                        row["status"] = "ok"
-                    if system == "ddp":
-                        ddp_row = row
-                    rows.append(row)
-                    self._add(row)
-        if ddp_row and ddp_row.get("status") == "ok":
-            for row in rows:
-                if row.get("status") == "ok":
-                    row["speedup_vs_ddp"] = ddp_row["iter_s"] / row["iter_s"]
+                res, err = done[cfg["key"]]
+                if res is None:
+                    row["status"] = err
+                else:
+                    row.update(_summary(res))
+                    row["frac_ideal"] = ideal / row["iter_s"]
+                    row["status"] = "ok"
+                ordered[cfg["order"]] = row
+                self._add(row)
+            self._write(ordered)
+        for ratio in ratios:
+            ddp = next(
+                (r for o, r in ordered.items() if o[0] == ratio and r["system"] == LABELS["ddp"]),
+                None,
+            )
+            if ddp is not None and ddp.get("status") == "ok":
+                for o, row in ordered.items():
+                    if o[0] == ratio and o[1] >= 0 and row.get("status") == "ok":
+                        row["speedup_vs_ddp"] = ddp["iter_s"] / row["iter_s"]
+        self.rows.extend(self._in_order(ordered))
         if a.out:
             rc.write_csv(a.out, self.rows, FIELDS, self.meta)
 
+    def _in_order(self, ordered: Dict[Tuple[str, int, int, int], Dict[str, Any]]) -> List[Any]:
+        """The table's order: per ratio compute alone, then each system at each k."""
+        position = {r: i for i, r in enumerate(self.args.ratios)}
+        return [ordered[o] for o in sorted(ordered, key=lambda o: (position[o[0]], *o[1:]))]
+
+    def _write(self, ordered: Dict[Tuple[str, int, int, int], Dict[str, Any]]) -> None:
+        """The CSV so far, rewritten after every launch: a run cut short keeps what it
+        finished."""
+        if self.args.out:
+            rc.write_csv(self.args.out, self.rows + self._in_order(ordered), FIELDS, self.meta)
+
     def _add(self, row: Dict[str, Any]) -> None:
-        self.rows.append(row)
+        """Prints a row as its run ends (measure keeps the rows in the table's order)."""
         if row.get("status") != "ok":
             print(
                 f"  {row['model']:8s} ratio={row['ratio']:>4s} {row['system']:22s} "
@@ -713,10 +941,16 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
         )
 
 
-# --estimate: seconds a run spends outside its timed iterations on the rack (namespaces'
-# processes, servers, init, the barrier, exit): 2026-11-23 22:31-22:42Z, 8 ResNet-50 runs at
-# load ~20 took 660 s, of which 296 s were iterations.
+# --estimate: seconds a set of processes spends outside its timed iterations on the rack
+# (namespaces' processes, servers, init, the barrier, exit): 2026-11-23 22:31-22:42Z, 8
+# ResNet-50 runs at load ~20, a set of processes each, took 660 s, of which 296 s were
+# iterations.
 RUN_OVERHEAD_S = 45.0
+# and what each further run in the same processes adds (a new model and optimizer, the
+# parameter check and barriers, a full collection between runs): an allowance, not measured
+# on its own (2 ResNet-50 ratios x 3 fastps systems x k=0,1 plus DDP on the rack at x0.1,
+# 16 runs in 4 sets, took about 4 min at load 18, iterations and rack set-up included)
+RUN_SWITCH_S = 3.0
 # and how far below a perfect scheduler's period the runs were (fraction of the ideal
 # measured 0.65-0.88, docs/benchmarks.md §9): the estimate divides the period by this.
 ESTIMATE_EFFICIENCY = 0.75
@@ -724,36 +958,59 @@ ESTIMATE_EFFICIENCY = 0.75
 
 def estimate(args: argparse.Namespace) -> float:
     """Predicted wall time of the run ``args`` describes, without running it: every
-    (model, ratio, system, k) run costs RUN_OVERHEAD_S plus its warm-up and timed
-    iterations at a perfect scheduler's period (schedule_bound) / ESTIMATE_EFFICIENCY."""
+    (model, ratio, system, k) run costs its warm-up and timed iterations at a perfect
+    scheduler's period (schedule_bound) / ESTIMATE_EFFICIENCY, plus RUN_OVERHEAD_S per set
+    of processes started (one per model, family and k; one per run with
+    ``--fresh-processes`` or a timeline) and RUN_SWITCH_S per further run in a set."""
     from benchmarks.emulator.schedule_bound import period
 
     good = args.rate * rc.GOODPUT_FACTOR * 1e6 / 8
     iterations = args.warmup + args.steps + 1
+    fresh = args.fresh_processes or args.timeline_pairs > 0
     total = 0.0
-    runs = 0
+    runs = launches = 0
     for model in args.models:
         spec = em.spec(model)
         rows = em.expected_rows() if args.sparse_embedding and em.has_table(spec) else 0.0
         b0 = rc.fastps_bound_s(args.workers, 0, 4.0 * spec.numel, good)
+        per_set: Dict[Tuple[str, int], int] = {}  # runs per set of processes
         for ratio in args.ratios:
             if ratio == "ref":
                 c = em.reference_iteration_s(spec) * em.REFERENCE_LINK_MBIT / args.rate
             else:
                 c = float(ratio) * b0
-            model_s = RUN_OVERHEAD_S + iterations * c  # compute alone
-            runs += 1
+            model_s = iterations * c  # compute alone
+            per_set[("single", 0)] = per_set.get(("single", 0), 0) + 1
             for system in args.systems:
                 for k in args.cpu_hosts if system.startswith("fastps") else [0]:
                     work = link_work(spec, args.workers, k, good, rows, ring=system == "ddp")
                     cb = system in ("fastps-cb", "fastps-cb-noprio")
                     t = period(spec, c, sum(work), cb, system != "fastps-cb-noprio", work)
                     pairs = max(1, 2 * args.timeline_pairs) if system.startswith("fastps") else 1
-                    model_s += pairs * (RUN_OVERHEAD_S + iterations * t / ESTIMATE_EFFICIENCY)
-                    runs += pairs
-            print(f"  estimate: {model} ratio {ratio}: {model_s / 60:.0f} min", flush=True)
+                    model_s += pairs * iterations * t / ESTIMATE_EFFICIENCY
+                    family = ("fastps", k) if system.startswith("fastps") else ("ddp", 0)
+                    per_set[family] = per_set.get(family, 0) + pairs
+            print(
+                f"  estimate: {model} ratio {ratio}: {model_s / 60:.0f} min of iterations",
+                flush=True,
+            )
             total += model_s
-    print(f"train_emulated: {runs} runs, about {total / 3600:.1f} h", flush=True)
+        n_runs = sum(per_set.values())
+        n_sets = n_runs if fresh else len(per_set)
+        start_s = n_sets * RUN_OVERHEAD_S + (n_runs - n_sets) * RUN_SWITCH_S
+        print(
+            f"  estimate: {model}: {n_runs} runs in {n_sets} sets of processes, "
+            f"{start_s / 60:.0f} min of start-up and switching",
+            flush=True,
+        )
+        total += start_s
+        runs += n_runs
+        launches += n_sets
+    print(
+        f"train_emulated: {runs} runs in {launches} sets of processes, about "
+        f"{total / 3600:.1f} h ({total / 60:.0f} min)",
+        flush=True,
+    )
     return total
 
 
@@ -769,8 +1026,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if args.network == "loopback":
         for model in args.models:
-            for ratio in args.ratios:
-                runner.measure(None, model, ratio, 0.0)
+            runner.measure(None, model, 0.0)
     else:
         from benchmarks.rack import Rack, is_supported
 
@@ -792,8 +1048,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             )
             runner.meta["goodput"] = f"{link:.1f} Mbit/s"
             for model in args.models:
-                for ratio in args.ratios:
-                    runner.measure(rack, model, ratio, link)
+                runner.measure(rack, model, link)
     runner.meta["duration"] = f"{time.monotonic() - t0:.0f} s"
     runner.meta["load_at_end"] = rc.load_text()
     if args.out:
@@ -856,14 +1111,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=0,
         help="run each fastps system this many times with the timeline off and on, interleaved",
     )
+    p.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="a new set of workers and servers for every run (default: one per model, "
+        "system family and k, making every ratio and fastps system in turn)",
+    )
     p.add_argument("--prefix", default="fpse")
     p.add_argument("--base-port", type=int, default=29700)
     p.add_argument("--out", type=Path, default=None, help="CSV to write")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
-    p.add_argument("--iteration-s", type=float, default=1.0, help=argparse.SUPPRESS)
-    p.add_argument("--no-priority", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--plan", default="[]", help=argparse.SUPPRESS)
     p.add_argument("--op-timeout", type=int, default=400, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps is None:

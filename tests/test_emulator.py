@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +175,17 @@ def test_loopback_run_of_every_system() -> None:
     assert res.returncode == 0, out[-4000:]
     for system in ("compute alone", "fastps cross-barrier", "fastps sync step", "DDP-Gloo"):
         assert any(system in line and "s/iter" in line for line in out.splitlines()), system
+
+
+def test_estimate_counts_one_set_of_processes_per_family_and_k(capsys: Any) -> None:
+    from benchmarks import train_emulated as te
+
+    argv = "--models resnet50 --ratios 0.5 1 2 -k 0 1 2 4 --steps 10 --warmup 3 --estimate"
+    shared = te.estimate(te.parse_args(argv.split()))
+    out = capsys.readouterr().out
+    # 3 ratios x (compute alone + 3 fastps systems x 4 k + DDP): compute alone, 4 fastps
+    # sets (one per k), DDP
+    assert "42 runs in 6 sets of processes" in out, out
+    fresh = te.estimate(te.parse_args([*argv.split(), "--fresh-processes"]))
+    assert "42 runs in 42 sets of processes" in capsys.readouterr().out
+    assert fresh - shared == pytest.approx(36 * (te.RUN_OVERHEAD_S - te.RUN_SWITCH_S))
