@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Tuple
 
 import fastps
 import fastps.torch as hvd
@@ -54,6 +55,22 @@ def build_model(kind: str) -> torch.nn.Module:
     )
 
 
+def load_data() -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x_train, y_train, x_test, y_test: pixels scaled to [0, 1], a fixed stratified split
+    (the same on every rank and every run)."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.25, random_state=0, stratify=digits.target
+    )
+    return (
+        torch.from_numpy(x_train),
+        torch.from_numpy(y_train),
+        torch.from_numpy(x_test),
+        torch.from_numpy(y_test),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
@@ -77,14 +94,7 @@ def main() -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     torch.manual_seed(args.seed)
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.25, random_state=0, stratify=digits.target
-    )
-    x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
-
+    x_train, y_train, x_test, y_test = load_data()
     model = build_model(args.model)
     # Synchronous: one step per round on the mean of size gradients, at lr * size.
     # Asynchronous: every rank steps on its own gradient at lr; size steps per round.
