@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 
 from ..collectives import HorovodInternalError, HostsUpdatedInterrupt
 from ..errors import FastPSAbort, FastPSError
-from . import notifications, rendezvous
+from . import inplace, notifications, rendezvous
 from .state import State
 
 log = logging.getLogger("fastps.elastic")
@@ -72,9 +72,11 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         notifications.register_listener(state)
+        inplace.enter(state, reset)
         try:
             return _loop(state, *args, **kwargs)
         finally:
+            inplace.leave(state)
             notifications.remove_listener(state)
 
     def _loop(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -83,7 +85,15 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
             try:
                 if not skip_sync:
                     state.sync()
+                inplace.opened()  # every rank holds rank 0's committed state now
                 return func(state, *args, **kwargs)
+            except inplace.Rejoined as exc:
+                # In place was refused: already in the next generation, roll back there.
+                log.warning("%s: restoring the last commit", exc)
+                state.restore()
+                state.on_reset()
+                skip_sync = False
+                continue
             except FastPSError as exc:
                 if not generation_failed(exc):
                     raise

@@ -117,6 +117,11 @@ class _SamplerHandler(_StateDictHandler):
     def reset(self) -> None:
         self.value.reset()
 
+    def in_place_refusal(self) -> Optional[str]:
+        # The survivors keep their shards; a spare's sync re-shards over what the world
+        # processed, so it would not read the lost worker's next samples.
+        return "an ElasticSampler re-shards the remaining samples when a rank is replaced"
+
 
 def _handler_for(value: Any) -> Optional[_state.Handler]:
     if isinstance(value, torch.nn.Module):

@@ -316,3 +316,68 @@ def test_reset_limit_stops_the_job(tmp_path, subprocess_env):
     )  # fmt: skip
     assert proc.returncode != 0, _show(proc)
     assert "resets exceeded --reset-limit 0" in proc.stderr, _show(proc)
+
+
+def _restored_slots(stdout: str) -> set:
+    return set(re.findall(r"(?:RESTORE|RESET) slot=(\S+)", stdout))
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_spare_replaces_in_place_without_rollback(tmp_path, subprocess_env):
+    """FASTPS_ELASTIC_INPLACE=1, --spare-hosts 1: the worker of rank 1 dies inside the
+    first step after a commit (a gradient of its step pushed, the other not). The
+    survivors stay inside that step's optimizer.step(): no restore, no reset callback;
+    the spare takes rank 1, gets the commit and computes that step's gradient, and the
+    training ends with the parameters of an undisturbed run."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 14
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {"STEPS": str(steps), "FAIL_AT": "localhost:1@6@backward", "FASTPS_ELASTIC_INPLACE": "1"},
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    err = proc.stderr
+    assert "spare worker on slot localhost:3 replaces the worker on slot localhost:1" in err
+    assert "in-place replacement: granted" in err, _show(proc)
+    assert "generation 1: 3 workers (localhost:0, localhost:3, localhost:2)" in err, _show(proc)
+    # Nobody rolled back: the survivors' restore and reset callbacks never ran.
+    assert not _restored_slots(proc.stdout), _show(proc)
+    assert out["resets"] == [], out["resets"]
+    # rank 0's step counter went on: every step finished once, in order.
+    done = [int(m) for m in re.findall(r"STEP (\d+) size=3", proc.stdout)]
+    assert done == list(range(1, steps + 1)), done
+    assert_reference(out, steps)
+    print("in place: SIGKILL -> next step:", recovery_seconds(proc.stdout))
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_falls_back_to_rollback_after_an_update(tmp_path, subprocess_env):
+    """Commits every 2 steps; the worker of rank 1 dies in the second step after a
+    commit, when the survivors have applied an update the commit does not hold: in place
+    would be wrong, so they roll back (a log line says why) and the run is still exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": "localhost:1@7@backward",
+            "COMMIT_EVERY": "2",
+            "FASTPS_ELASTIC_INPLACE": "1",
+        },
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" not in proc.stderr, _show(proc)
+    assert "an update was applied since the last commit" in proc.stderr, _show(proc)
+    assert {"localhost:0", "localhost:2"} <= _restored_slots(proc.stdout), _show(proc)
+    assert_reference(out, steps)

@@ -27,7 +27,12 @@ Environment:
                fastpsrun wrote in $TMPDIR for the running generation; at the next step every
                rank waits (bounded) until its core runs in server epoch ``epoch``, so the
                steps after run on the new server whatever its start-up takes
+  COMMIT_EVERY commit after every k-th step (default 1); a failure later than the first
+               step after a commit cannot be met in place (FASTPS_ELASTIC_INPLACE=1)
   RESULT       where rank 0 writes the final parameters (JSON)
+
+Each worker prints ``RESTORE slot=...`` when its state is restored and ``RESET slot=...``
+in its reset callback, so the tests see who rolled back.
 """
 
 from __future__ import annotations
@@ -147,8 +152,17 @@ def main() -> None:
     opt = hvd.DistributedOptimizer(make_optimizer(model), named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
     resets = []
+    commit_every = int(os.environ.get("COMMIT_EVERY", "1"))
+    restore = state.restore
+
+    def restore_and_say() -> None:
+        print(f"RESTORE slot={me} step={state.step} t={time.time():.3f}", flush=True)
+        restore()
+
+    state.restore = restore_and_say
 
     def on_reset() -> None:
+        print(f"RESET slot={me} rank={hvd.rank()} t={time.time():.3f}", flush=True)
         resets.append((hvd.size(), time.time()))
         for step, where in list(fail.items()):
             if where == "reset":
@@ -201,7 +215,8 @@ def main() -> None:
             if armed["where"] == "commit":
                 state.save()
                 _die("commit", state.step)
-            state.commit()
+            if state.step % commit_every == 0 or state.step == steps:
+                state.commit()
             if wait_size and hvd.size() < wait_size and time.time() < wait_until:
                 time.sleep(0.5)
             while hold and state.step >= hold_step and hvd.size() < hold_size:
