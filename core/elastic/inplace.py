@@ -57,6 +57,7 @@ class _Window:
 _window: Optional[_Window] = None
 _state: Any = None  # the State of the running hvd.elastic.run
 _reset: Optional[Callable[[], None]] = None
+_warned = False
 
 
 def _session() -> Any:
@@ -70,10 +71,20 @@ def _ops_submitted() -> int:
     return int(st.submitted) if st is not None else 0
 
 
-def enter(state: Any, reset: Callable[[], None]) -> None:
+def enter(state: Any, reset: Callable[[], None], supported: bool = True) -> None:
     """``hvd.elastic.run`` started with ``state``; ``reset`` leaves the generation and
-    joins the next."""
-    global _state, _reset
+    joins the next. ``supported``: the plugin's optimizer can push a step again in place
+    (the torch plugin's); otherwise a failure always rolls back, said once here."""
+    global _state, _reset, _warned
+    if not supported:
+        if enabled() and not _warned:
+            _warned = True
+            log.warning(
+                "%s=1: this framework's optimizer cannot stay in place (only fastps.torch's "
+                "DistributedOptimizer can); a lost worker rolls the others back",
+                ENV,
+            )
+        return
     _state, _reset = state, reset
 
 
@@ -161,7 +172,8 @@ def replace_in_place(exc: BaseException, redo: Callable[[], None]) -> bool:
     except FastPSError as again:
         if not _run.generation_failed(again):
             raise
-        raise Rejoined(f"generation failed while joining in place: {again}") from again
+        # Not in a working generation: the run loop rolls back and joins again.
+        raise HorovodInternalError(f"generation failed while joining in place: {again}") from again
     finally:
         rendezvous.ask_in_place(False)
     answer = rendezvous.assignment() or {}

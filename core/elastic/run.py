@@ -68,11 +68,16 @@ def _reset_until_joined(reset: Callable[[], None]) -> None:
             log.warning("generation %d failed while starting (%s)", rendezvous.generation(), exc)
 
 
-def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
+def run_fn(
+    func: Callable[..., Any], reset: Callable[[], None], in_place: bool = False
+) -> Callable[..., Any]:
+    """``in_place``: the plugin's optimizer can stay in place when a peer is replaced
+    (``inplace.py``; the torch plugin's)."""
+
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         notifications.register_listener(state)
-        inplace.enter(state, reset)
+        inplace.enter(state, reset, in_place)
         try:
             return _loop(state, *args, **kwargs)
         finally:

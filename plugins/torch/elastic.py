@@ -52,7 +52,7 @@ def _restart_call_numbers() -> None:
     functions._calls = itertools.count()
 
 
-_framework = _binding.Framework("fastps.torch", before_join=_restart_call_numbers)
+_framework = _binding.Framework("fastps.torch", before_join=_restart_call_numbers, in_place=True)
 run = _framework.run
 ObjectState = _framework.object_state_class(__name__)
 

@@ -355,6 +355,7 @@ def test_spare_replaces_in_place_without_rollback(tmp_path, subprocess_env):
     print("in place: SIGKILL -> next step:", recovery_seconds(proc.stdout))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT + 120)
 def test_in_place_falls_back_to_rollback_after_an_update(tmp_path, subprocess_env):
     """Commits every 2 steps; the worker of rank 1 dies in the second step after a
@@ -380,4 +381,31 @@ def test_in_place_falls_back_to_rollback_after_an_update(tmp_path, subprocess_en
     assert "in-place replacement: granted" not in proc.stderr, _show(proc)
     assert "an update was applied since the last commit" in proc.stderr, _show(proc)
     assert {"localhost:0", "localhost:2"} <= _restored_slots(proc.stdout), _show(proc)
+    assert_reference(out, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_refused_when_rank_0_is_lost(tmp_path, subprocess_env):
+    """Rank 0 dies inside the first step after a commit: the survivors ask to stay in
+    place and join the next generation, but every rank moves (rank 0 must be a survivor),
+    so fastpsrun refuses; already in the new generation, they roll back there (restore,
+    reset callbacks, sync from the new rank 0) and the run is exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {"STEPS": str(steps), "FAIL_AT": "localhost:0@6@backward", "FASTPS_ELASTIC_INPLACE": "1"},
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    err = proc.stderr
+    assert "in-place replacement: refused (rank 0 was lost" in err, _show(proc)
+    assert "generation 1: 3 workers (localhost:1, localhost:2, localhost:3)" in err, _show(proc)
+    assert "refused by fastpsrun (rank 0 was lost" in err, _show(proc)
+    assert _restored_slots(proc.stdout) == {"localhost:1", "localhost:2"}, _show(proc)
     assert_reference(out, steps)
