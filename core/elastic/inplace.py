@@ -102,6 +102,13 @@ def opened() -> None:
     _window = _Window(_session(), _ops_submitted())
 
 
+def granted() -> bool:
+    """Whether the generation this worker joined last replaced a lost rank in place (a
+    spare's ``sync()`` then takes that rank's place rather than the world's union)."""
+    answer = rendezvous.assignment()
+    return bool(answer and answer.get("in_place"))
+
+
 def keeping() -> bool:
     """Whether a plugin's step should keep copies of its gradients before pushing them."""
     return _window is not None and _window.blocker is None
@@ -142,9 +149,6 @@ def unsafe_reason() -> Optional[str]:
             f"{other} collective(s) other than this step's gradients ran since the last commit "
             "(the spare would run them again)"
         )
-    refused = getattr(_state, "in_place_refusal", lambda: None)()
-    if refused:
-        return refused
     return None
 
 

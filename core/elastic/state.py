@@ -61,10 +61,6 @@ class State(ABC):
         0's values, equal to this worker's."""
         self.sync()
 
-    def in_place_refusal(self) -> Optional[str]:
-        """Why this state cannot be handed to a spare without a rollback (None: it can)."""
-        return None
-
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when the driver saw hosts
         added or removed since this generation formed. Rank 0 asks the driver; its answer is
@@ -167,10 +163,6 @@ class Handler(ABC):
         loading rank 0's value changes nothing on a survivor holding the commit."""
         self.sync()
 
-    def in_place_refusal(self) -> Optional[str]:
-        """Why a spare cannot take this object's commit while the others keep theirs."""
-        return None
-
 
 class SnapshotHandler(Handler):
     """A handler for an object whose state is one snapshot (a torch ``state_dict()``, an
@@ -249,13 +241,6 @@ class HandlerState(ObjectState):
         for handler in self._handlers.values():
             handler.serve()
         super().serve()
-
-    def in_place_refusal(self) -> Optional[str]:
-        for name, handler in self._handlers.items():
-            why = handler.in_place_refusal()
-            if why:
-                return f"state attribute '{name}': {why}"
-        return None
 
     def reset(self) -> None:
         for handler in self._handlers.values():

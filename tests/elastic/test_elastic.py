@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train_elastic.py"
+TRAIN_SAMPLER = HERE / "train_sampler.py"
 sys.path.insert(0, str(HERE))
 import train_elastic  # noqa: E402
 
@@ -409,3 +410,30 @@ def test_in_place_refused_when_rank_0_is_lost(tmp_path, subprocess_env):
     assert "refused by fastpsrun (rank 0 was lost" in err, _show(proc)
     assert _restored_slots(proc.stdout) == {"localhost:1", "localhost:2"}, _show(proc)
     assert_reference(out, steps)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_spare_reads_the_lost_ranks_samples(tmp_path, subprocess_env):
+    """The same with the data read through an ElasticSampler: the survivors keep their
+    shards, the spare takes the lost rank's shard where it was (mid-epoch), and the run
+    ends with the parameters of an undisturbed 3-worker run over the same sample order."""
+    import train_sampler
+
+    _, script = _discovery(tmp_path, "localhost:4")
+    result = tmp_path / "result.json"
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    env = {
+        **subprocess_env,
+        "FAIL_AT": "localhost:1@9",  # epoch 1, its fourth step
+        "FASTPS_ELASTIC_INPLACE": "1",
+        "RESULT": str(result),
+    }
+    cmd = [sys.executable, "-m", "fastps.launcher", *args, sys.executable, str(TRAIN_SAMPLER)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" in proc.stderr, _show(proc)
+    assert not _restored_slots(proc.stdout), _show(proc)
+    got = json.loads(result.read_text())["params"]
+    for got_p, want_p in zip(got, train_sampler.reference(3)):
+        assert got_p == pytest.approx(want_p, rel=1e-9, abs=1e-12)

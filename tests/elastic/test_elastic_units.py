@@ -262,12 +262,32 @@ def test_in_place_window_closes_at_an_update_and_counts_other_collectives(monkey
     assert inplace.unsafe_reason() == "not inside hvd.elastic.run"
 
 
-def test_torch_state_with_a_sampler_refuses_in_place():
+def test_a_spare_takes_the_lost_ranks_shard_where_it_was():
     pytest.importorskip("torch")
-    import torch
-    from fastps.torch.elastic import ElasticSampler, TorchState
+    from fastps.torch.elastic import ElasticSampler
 
-    model = torch.nn.Linear(2, 1)
-    state = TorchState(model, sampler=ElasticSampler(list(range(8))), epoch=0)
-    assert "state attribute 'sampler': an ElasticSampler re-shards" in state.in_place_refusal()
-    assert TorchState(model, epoch=0).in_place_refusal() is None
+    def sampler(rank):
+        s = ElasticSampler(range(40), seed=1)
+        s.num_replicas, s.rank = 4, rank
+        s.set_epoch(2)
+        return s
+
+    lost = sampler(1)
+    for b in range(3):
+        lost.record_batch(b, 2)
+    commit = {**lost.state_dict(), **lost.position()}
+    commit["processed_indices"] |= {i for r in (0, 2, 3) for i in sampler(r).indices[:6]}
+    spare = sampler(1)
+    spare.take_place(commit)
+    assert list(spare) == lost.indices[6:]
+    assert spare.get_indices(0, 2) == lost.get_indices(3, 2)
+    assert len(spare) == len(lost.indices) - 6 and spare.consumed == 6
+    assert spare.processed_indices == lost.processed_indices
+    # what a rollback's sync does instead: re-shard what is left, another order
+    resharded = sampler(1)
+    resharded.load_state_dict(commit)
+    assert list(resharded) != lost.indices[6:]
+    # a later re-shard starts from everything processed, the lost rank's part included
+    spare.record_batch(0, 2)
+    spare.reset()
+    assert spare.skip == 0 and spare.basis >= set(lost.indices[:8])
