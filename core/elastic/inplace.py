@@ -32,10 +32,28 @@ log = logging.getLogger("fastps.elastic")
 ENV = "FASTPS_ELASTIC_INPLACE"
 
 
+def mode() -> str:
+    """``""`` (off), ``"commit"`` (``1``: the first step after a commit, the spare gets the
+    commit) or ``"any"`` (any step: the spare gets rank 0's state as it is in the step)."""
+    value = os.environ.get(ENV, "0").strip().lower()
+    if not wire.enabled() or value in ("", "0", "false", "no", "off"):
+        return ""
+    if value == "any":
+        return "any"
+    if value in ("1", "true", "yes", "on", "commit"):
+        return "commit"
+    raise FastPSError(f"{ENV}={value!r}: use 1 (the first step after a commit), any, or 0")
+
+
 def enabled() -> bool:
     """Whether this elastic worker may replace a lost peer in place."""
-    value = os.environ.get(ENV, "0").strip().lower()
-    return wire.enabled() and value not in ("", "0", "false", "no", "off")
+    return mode() != ""
+
+
+def serves_current() -> bool:
+    """Whether a survivor serves the spare its state as it is now rather than its commit
+    (``any``: the step's start, which an optimizer that has not applied the step holds)."""
+    return mode() == "any"
 
 
 class Rejoined(HorovodInternalError):
@@ -127,9 +145,12 @@ def block(reason: str) -> None:
 
 
 def update_applied() -> None:
-    """An optimizer applied an update: the state is no longer the committed one."""
+    """An optimizer applied an update: the state is no longer the committed one. With
+    ``any`` a new window opens: what the worker holds is where the next step starts."""
     global _window
     _window = None
+    if _state is not None and mode() == "any":
+        _window = _Window(_session(), _ops_submitted())
 
 
 def unsafe_reason() -> Optional[str]:

@@ -90,6 +90,10 @@ def run_fn(
             try:
                 if not skip_sync:
                     state.sync()
+                    if inplace.granted():
+                        # a spare that took a lost rank in place: what it received is
+                        # where it goes back to (its own constructor's state is not)
+                        state.save()
                 inplace.opened()  # every rank holds rank 0's committed state now
                 return func(state, *args, **kwargs)
             except inplace.Rejoined as exc:

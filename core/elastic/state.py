@@ -125,10 +125,13 @@ class ObjectState(State):
             self._set_attrs()
 
     def serve(self) -> None:
-        # The spare receives rank 0's commit; a survivor keeps its attributes as they are
-        # (the program may have changed them since the commit, e.g. a batch counter).
+        # The spare receives rank 0's commit (FASTPS_ELASTIC_INPLACE=any: its attributes
+        # as they are in the step); a survivor keeps its attributes as they are.
         if self._saved_state:
-            self._bcast_object(self._saved_state)
+            if inplace.serves_current():
+                self._bcast_object({k: getattr(self, k) for k in self._saved_state})
+            else:
+                self._bcast_object(self._saved_state)
 
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():

@@ -133,7 +133,7 @@ class _SamplerHandler(_StateDictHandler):
         # The spare's collectives; rank 0 sends its commit (a program may record the
         # step's batch before step(): the commit says where the lost rank was), and this
         # rank's own shard and position stay.
-        self._exchange(copy.deepcopy(self._saved))
+        self._exchange(self.snapshot() if _inplace.serves_current() else copy.deepcopy(self._saved))
 
     def reset(self) -> None:
         self.value.reset()

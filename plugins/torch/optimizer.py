@@ -443,6 +443,8 @@ class _GradientSync:
             _inplace.block(f"the gradient of '{e.name[len(GRAD_PREFIX) :]}' is sparse")
         elif self.sfb is not None:
             _inplace.block("gradients travel as sufficient factors")
+        elif self.cross is not None:
+            _inplace.block("cross-barrier updates (an update may still be deferred)")
         elif e.index not in self.kept:  # a push that failed may have scaled it already
             self.kept[e.index] = None if g is None else g.detach().clone()
         st = _api._state

@@ -437,3 +437,34 @@ def test_in_place_spare_reads_the_lost_ranks_samples(tmp_path, subprocess_env):
     got = json.loads(result.read_text())["params"]
     for got_p, want_p in zip(got, train_sampler.reference(3)):
         assert got_p == pytest.approx(want_p, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_at_any_step(tmp_path, subprocess_env):
+    """FASTPS_ELASTIC_INPLACE=any, commits every 4 steps: the worker of rank 1 dies in the
+    third step after a commit. The survivors stay in place anyway: the spare gets rank
+    0's state as it is in that step (parameters and optimizer state before the step's
+    update, the step counter), not the commit, so nobody does the two steps since the
+    commit again, and the run is exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": "localhost:1@6@backward",
+            "COMMIT_EVERY": "4",
+            "FASTPS_ELASTIC_INPLACE": "any",
+        },
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" in proc.stderr, _show(proc)
+    assert not _restored_slots(proc.stdout), _show(proc)
+    done = [int(m) for m in re.findall(r"STEP (\d+) size=3", proc.stdout)]
+    assert done == list(range(1, steps + 1)), done
+    assert_reference(out, steps)
