@@ -291,3 +291,18 @@ def test_a_spare_takes_the_lost_ranks_shard_where_it_was():
     spare.record_batch(0, 2)
     spare.reset()
     assert spare.skip == 0 and spare.basis >= set(lost.indices[:8])
+
+
+def test_in_place_mode_values(monkeypatch):
+    from fastps.elastic import inplace
+
+    monkeypatch.setattr(inplace.wire, "enabled", lambda: True)
+    for value, want in (("0", ""), ("1", "commit"), ("on", "commit"), ("any", "any")):
+        monkeypatch.setenv(inplace.ENV, value)
+        assert inplace.mode() == want
+    monkeypatch.setenv(inplace.ENV, "sometimes")
+    with pytest.raises(FastPSError, match="FASTPS_ELASTIC_INPLACE='sometimes'"):
+        inplace.mode()
+    monkeypatch.setattr(inplace.wire, "enabled", lambda: False)  # not an elastic worker
+    monkeypatch.setenv(inplace.ENV, "1")
+    assert inplace.mode() == ""
