@@ -14,6 +14,13 @@ flight). Reports per run, from the processes' own clocks:
 worker's rank, the world keeps its size. The benchmark then SIGKILLs the worker itself,
 once fastpsrun said the spare is ready and rank 0 made a step after that (so the spare's
 own start-up is not measured); ``kill->step`` runs from that SIGKILL.
+``--in-place`` (with ``--spare``): the worker kills itself inside the backward pass of
+the first step after the benchmark's signal (a file), i.e. inside the first step after a
+commit (the script commits every step); ``FASTPS_ELASTIC_INPLACE=1`` unless
+``--in-place off`` (the same kill point, with the rollback: the comparison).
+``--settle S`` (with ``--spare``): wait S s after the spare is ready before the kill, so
+its warm-up is over. ``--compute S``: S s of emulated compute in each step before its
+backward pass (what a rollback does again).
 ``--elastic-servers``: FASTPS_ELASTIC_SERVERS=1 (the workers' rerouting data plane).
 ``--kill-server``: with elastic servers, rank 0 SIGKILLs the generation's server 0
 instead (of ``--servers``; no rollback, no new generation): ``kill->step`` is then the
@@ -21,6 +28,8 @@ server loss's recovery, ``detect+form`` is not reported.
 
     python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5
     python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --spare
+    python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --spare --settle 10 \
+        --compute 0.5 --in-place on     # and --in-place off: the comparison
     python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --elastic-servers
     python benchmarks/bench_elastic_recovery.py --workers 3 --runs 5 --kill-server --servers 2
 """
@@ -47,6 +56,7 @@ def one_run(workers: int, kill_step: int, steps: int, args: argparse.Namespace) 
         env.update(
             STEPS=str(steps),
             STEP_SLEEP="0.1",
+            COMPUTE_SLEEP=str(args.compute),
             RESULT=os.path.join(tmp, "r.json"),
             PYTHONUNBUFFERED="1",
             TMPDIR=tmp,
@@ -68,7 +78,17 @@ def one_run(workers: int, kill_step: int, steps: int, args: argparse.Namespace) 
             cmd += ["--spare-hosts", "1"]
             env.pop("FAIL_AT")
             env["STEPS"] = "5000"  # the benchmark kills a worker, then stops the job
-            stdout, stderr = _spare_run(cmd[3:] + [sys.executable, TRAIN], env, workers)
+            trigger = ""
+            if args.in_place:
+                trigger = os.path.join(tmp, "die")
+                env["FAIL_ON_FILE"] = f"localhost:{workers - 1}@{trigger}"
+                if args.in_place == "on":
+                    env["FASTPS_ELASTIC_INPLACE"] = "1"
+            stdout, stderr = _spare_run(
+                cmd[3:] + [sys.executable, TRAIN], env, workers, trigger, args.settle
+            )
+            if args.in_place == "on" and "in-place replacement: granted" not in stderr:
+                raise SystemExit(f"in place was not granted:\n{stderr[-4000:]}")
         else:
             cmd += [sys.executable, TRAIN]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -78,8 +98,11 @@ def one_run(workers: int, kill_step: int, steps: int, args: argparse.Namespace) 
     return _parse(stdout, stderr, args)
 
 
-def _spare_run(args: list, env: dict, workers: int) -> tuple:
-    """Kills the last slot's worker once the spare is ready; returns the job's output
+def _spare_run(
+    args: list, env: dict, workers: int, trigger: str = "", settle: float = 0.0
+) -> tuple:
+    """Kills the last slot's worker once the spare is ready (``trigger``: creates that
+    file, and the worker kills itself in its next backward pass); returns the job's output
     (stdout-like: the kill and rank 0's steps; stderr-like: everything) once the new
     generation, of the same size, made two steps."""
     sys.path.insert(0, os.path.join(REPO, "tests", "elastic"))
@@ -89,10 +112,17 @@ def _spare_run(args: list, env: dict, workers: int) -> tuple:
     try:
         victim = job.worker_pid(f"localhost:{workers - 1}")
         job.wait_for(r"spare worker on slot \S+ is ready", 240)
+        # A spare warms up (torch's lazy imports) after its first "standby" answer, 5 s
+        # after it is ready: a kill before that measures the warm-up's CPU contention.
+        time.sleep(settle)
         job.wait_for(r"STEP \d+ size", 60, start=job.mark())
-        killed = time.time()
-        os.kill(victim, signal.SIGKILL)
         at = job.mark()
+        if trigger:
+            open(trigger, "w").close()
+            killed = float(job.wait_for(r"KILL \S+ step=\d+ where=backward t=([\d.]+)", 60, at)[1])
+        else:
+            killed = time.time()
+            os.kill(victim, signal.SIGKILL)
         job.wait_for(r"generation 1: ", 120, start=at)
         job.wait_for(rf"STEP \d+ size={workers} ", 120, start=job.mark())
         job.wait_for(rf"STEP \d+ size={workers} ", 120, start=job.mark())
@@ -128,9 +158,29 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--spare", action="store_true", help="--spare-hosts 1 (one more slot)")
+    ap.add_argument(
+        "--in-place",
+        choices=["on", "off"],
+        default=None,
+        help="with --spare: kill inside the first step after a commit, in place on or off",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="with --spare: seconds to wait after the spare is ready before the kill",
+    )
+    ap.add_argument(
+        "--compute",
+        type=float,
+        default=0.0,
+        help="seconds of emulated compute in each step before its backward pass",
+    )
     ap.add_argument("--elastic-servers", action="store_true", help="FASTPS_ELASTIC_SERVERS=1")
     ap.add_argument("--kill-server", action="store_true", help="kill server 0, not a worker")
     args = ap.parse_args()
+    if args.in_place and not args.spare:
+        ap.error("--in-place needs --spare")
     if args.kill_server and args.servers < 2:
         ap.error("--kill-server needs --servers 2 or more (the last server cannot go)")
     forms, recs = [], []

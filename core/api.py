@@ -65,6 +65,9 @@ class _State:
         self.counts = SubmissionCounts()
         self.link_mbit = 0.0  # this host's link rate (0: unknown or unpaced)
         self.bytes = 0
+        # push_pulls submitted in this session: in-place replacement (elastic/inplace.py)
+        # tells its step's own from the program's other collectives since a commit.
+        self.submitted = 0
 
 
 _state: Optional[_State] = None
@@ -712,6 +715,7 @@ def push_pull_raw(
     stall = st.stall
     rnd = st.counts.add(name, stall.in_flight if stall is not None else list)
     st.bytes += in_buf.nbytes
+    st.submitted += 1
     batch: Optional[_Batch] = getattr(_batching, "batch", None)
     if batch is not None and batch.st is st and not mode:
         handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])
@@ -805,6 +809,7 @@ def push_pull_inplace_id(
     stall = st.stall
     rnd = stall.submit(name) if stall is not None else st.counts.add(name)
     st.bytes += nbytes
+    st.submitted += 1
     try:
         # positional: pybind matches keyword arguments by name on every call
         hid = st.worker.push_pull(

@@ -30,6 +30,7 @@ class Framework:
     that may carry a fastps failure (TensorFlow's ``OpError`` from an op inside a
     ``tf.function``); one raised while the generation is aborted is that generation's
     failure and reaches the run loop as ``HorovodInternalError``, as Horovod's does.
+    ``in_place``: the plugin's optimizer meets a spare in place (``inplace.py``).
     """
 
     def __init__(
@@ -38,8 +39,10 @@ class Framework:
         *,
         before_join: Optional[Callable[[], None]] = None,
         framework_errors: Tuple[Type[BaseException], ...] = (),
+        in_place: bool = False,
     ) -> None:
         self._package = package
+        self._in_place = in_place
         self._before_join = before_join
         self._framework_errors = framework_errors
 
@@ -92,7 +95,7 @@ class Framework:
                         raise
                     raise replacement from exc
 
-        return _run.run_fn(body, self.reset)
+        return _run.run_fn(body, self.reset, self._in_place)
 
     def object_state_class(self, module: str) -> Type[_state.ObjectState]:
         """Horovod's ``ObjectState(**attrs)`` for this framework (synced with its broadcast)."""

@@ -188,6 +188,8 @@ class ElasticLauncher(Launcher):
         self.members: List[str] = []  # the current generation's slot ids, in rank order
         self.assignments: Dict[str, Dict[str, Any]] = {}
         self.waiting: Dict[str, float] = {}  # slot id -> since when it asks for a generation
+        # Members of the current generation that asked to stay in place (inplace.py).
+        self.in_place_asks: Set[str] = set()
         self.epoch = 0  # bumped whenever a worker is added or removed
         self.added_epochs: Set[int] = set()
         self.gen_epoch = 0  # the epoch the current generation formed at
@@ -494,8 +496,37 @@ class ElasticLauncher(Launcher):
                 self.gen_num_servers = max(1, now)
         return self.gen_num_servers
 
+    def _in_place_refusal(self, order: List[_Slot], spares: Set[str]) -> Optional[str]:
+        """Why the generation formed with ``order`` cannot keep the survivors in place
+        (core/elastic/inplace.py; None: it can): every member of the last generation
+        that is alive asked to, each kept its rank, the lost ranks went to spares that
+        were ready, and rank 0 survived (it serves the commit)."""
+        if not self.members:
+            return "the first generation"
+        if len(order) != len(self.members):
+            return f"the world changes size ({len(self.members)} -> {len(order)} workers)"
+        if order[0].id != self.members[0]:
+            return "rank 0 was lost (its place goes to a survivor, every rank moves)"
+        for rank, (old, new) in enumerate(zip(self.members, order)):
+            if new.id == old:
+                if old not in self.in_place_asks:
+                    return f"rank {rank} (slot {old}) asked for a rollback"
+            elif new.id not in spares:
+                return f"rank {rank} goes to slot {new.id}, not a spare"
+        if all(new.id == old for old, new in zip(self.members, order)):
+            return "no worker was replaced"
+        return None
+
     def _form(self, alive: List[_Slot]) -> None:
+        spare_ids = {s.id for s in self.slots.values() if s.spare}
         order = self._seat(alive)
+        refusal = self._in_place_refusal(order, spare_ids)
+        if self.in_place_asks:
+            say(
+                "in-place replacement: "
+                + (f"refused ({refusal}): the survivors roll back" if refusal else "granted")
+            )
+        self.in_place_asks = set()
         g = self.generation + 1
         if self.reset_limit is not None and g > self.reset_limit:
             # Horovod's --reset-limit: generation g is the g-th reset of the world.
@@ -560,6 +591,8 @@ class ElasticLauncher(Launcher):
                 "scheduler": sched.address_text,
                 "job_id": job,
                 "num_servers": num_servers,
+                "in_place": refusal is None,
+                "in_place_refused": refusal or "",
             }
         self.generation = g
         self.members = [s.id for s in order]
@@ -661,7 +694,9 @@ class ElasticLauncher(Launcher):
         if kind == "watch":
             return self._watch(msg.get("after"))
         if kind == "rendezvous":
-            return self._rendezvous(str(msg.get("id", "")), int(msg.get("after", -1)))
+            return self._rendezvous(
+                str(msg.get("id", "")), int(msg.get("after", -1)), bool(msg.get("in_place"))
+            )
         return {"type": "error", "message": f"unknown request {kind!r}"}
 
     def _watch(self, after: Any) -> Dict[str, Any]:
@@ -691,13 +726,15 @@ class ElasticLauncher(Launcher):
         timeout, too, bounds the wait for enough hosts, not for a process."""
         return max(self.elastic_timeout, self.timeout)
 
-    def _rendezvous(self, slot_id: str, after: int) -> Dict[str, Any]:
+    def _rendezvous(self, slot_id: str, after: int, in_place: bool = False) -> Dict[str, Any]:
         deadline = time.monotonic() + self.rendezvous_timeout + 10.0
         with self.cond:
             slot = self.slots.get(slot_id)
             if slot is None or slot.state != "running":
                 return {"type": "error", "message": f"slot {slot_id!r} is not a worker of this job"}
             self.waiting.setdefault(slot_id, time.monotonic())
+            if in_place:
+                self.in_place_asks.add(slot_id)
             if not slot.ready:
                 slot.ready = True
                 if slot.spare:

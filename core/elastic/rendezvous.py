@@ -34,6 +34,15 @@ WATCH_TIMEOUT = 30.0
 _standby_hooks: List[Callable[[], None]] = []
 _warmed = False
 
+# Whether the next join asks to stay in place (inplace.py): fastpsrun keeps the world's
+# ranks and tells every member whether in-place replacement was granted.
+_in_place = False
+
+
+def ask_in_place(flag: bool) -> None:
+    global _in_place
+    _in_place = flag
+
 
 def on_standby(hook: Callable[[], None]) -> None:
     if hook not in _standby_hooks:
@@ -73,7 +82,7 @@ def join() -> Config:
     me = os.environ.get(wire.ID_VAR, "")
     while True:
         answer = wire.request(
-            {"type": "rendezvous", "id": me, "after": _generation},
+            {"type": "rendezvous", "id": me, "after": _generation, "in_place": _in_place},
             timeout=_elastic_timeout() + _MARGIN,
             job_id=_base_job_id(),
         )

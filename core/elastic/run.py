@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 
 from ..collectives import HorovodInternalError, HostsUpdatedInterrupt
 from ..errors import FastPSAbort, FastPSError
-from . import notifications, rendezvous
+from . import inplace, notifications, rendezvous
 from .state import State
 
 log = logging.getLogger("fastps.elastic")
@@ -68,13 +68,20 @@ def _reset_until_joined(reset: Callable[[], None]) -> None:
             log.warning("generation %d failed while starting (%s)", rendezvous.generation(), exc)
 
 
-def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
+def run_fn(
+    func: Callable[..., Any], reset: Callable[[], None], in_place: bool = False
+) -> Callable[..., Any]:
+    """``in_place``: the plugin's optimizer can stay in place when a peer is replaced
+    (``inplace.py``; the torch plugin's)."""
+
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         notifications.register_listener(state)
+        inplace.enter(state, reset, in_place)
         try:
             return _loop(state, *args, **kwargs)
         finally:
+            inplace.leave(state)
             notifications.remove_listener(state)
 
     def _loop(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -83,7 +90,19 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
             try:
                 if not skip_sync:
                     state.sync()
+                    if inplace.granted():
+                        # a spare that took a lost rank in place: what it received is
+                        # where it goes back to (its own constructor's state is not)
+                        state.save()
+                inplace.opened()  # every rank holds rank 0's committed state now
                 return func(state, *args, **kwargs)
+            except inplace.Rejoined as exc:
+                # In place was refused: already in the next generation, roll back there.
+                log.warning("%s: restoring the last commit", exc)
+                state.restore()
+                state.on_reset()
+                skip_sync = False
+                continue
             except FastPSError as exc:
                 if not generation_failed(exc):
                     raise

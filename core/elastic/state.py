@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..collectives import HostsUpdatedInterrupt
-from . import rendezvous, wire
+from . import inplace, rendezvous, wire
 
 __all__ = ["State", "ObjectState", "Handler", "SnapshotHandler", "HandlerState"]
 
@@ -52,6 +52,14 @@ class State(ABC):
         ``HostsUpdatedInterrupt`` on every rank if workers joined or left since."""
         self.save()
         self.check_host_updates()
+        inplace.opened()  # what this worker holds is the commit until the next update
+
+    def serve(self) -> None:
+        """A survivor's side of a spare's ``sync()`` after an in-place replacement
+        (inplace.py): the same collectives, but nothing this worker holds changes (it holds
+        the committed state). Default: ``sync()``, right for states whose sync loads rank
+        0's values, equal to this worker's."""
+        self.sync()
 
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when the driver saw hosts
@@ -116,6 +124,15 @@ class ObjectState(State):
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
 
+    def serve(self) -> None:
+        # The spare receives rank 0's commit (FASTPS_ELASTIC_INPLACE=any: its attributes
+        # as they are in the step); a survivor keeps its attributes as they are.
+        if self._saved_state:
+            if inplace.serves_current():
+                self._bcast_object({k: getattr(self, k) for k in self._saved_state})
+            else:
+                self._bcast_object(self._saved_state)
+
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():
             setattr(self, attr, copy.deepcopy(value))
@@ -143,6 +160,11 @@ class Handler(ABC):
 
     def reset(self) -> None:  # noqa: B027 - an optional hook, not a required method
         """Called after the world changed (most handlers keep nothing per world)."""
+
+    def serve(self) -> None:
+        """A survivor's side of a spare's ``sync()`` (``State.serve``); default ``sync()``:
+        loading rank 0's value changes nothing on a survivor holding the commit."""
+        self.sync()
 
 
 class SnapshotHandler(Handler):
@@ -217,6 +239,11 @@ class HandlerState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def serve(self) -> None:
+        for handler in self._handlers.values():
+            handler.serve()
+        super().serve()
 
     def reset(self) -> None:
         for handler in self._handlers.values():

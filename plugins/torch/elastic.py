@@ -9,6 +9,7 @@ restored and synced from rank 0. Launch with
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import Any, Dict, Iterator, List, Optional
@@ -16,6 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
+from fastps.elastic import inplace as _inplace
 from fastps.elastic import rendezvous as _rendezvous
 from fastps.elastic import state as _state
 from fastps.elastic.errors import WorkerLostError
@@ -52,7 +54,7 @@ def _restart_call_numbers() -> None:
     functions._calls = itertools.count()
 
 
-_framework = _binding.Framework("fastps.torch", before_join=_restart_call_numbers)
+_framework = _binding.Framework("fastps.torch", before_join=_restart_call_numbers, in_place=True)
 run = _framework.run
 ObjectState = _framework.object_state_class(__name__)
 
@@ -103,16 +105,35 @@ def _abandon_gradients(optimizer: Any) -> None:
 
 
 class _SamplerHandler(_StateDictHandler):
-    def sync(self) -> None:
+    def snapshot(self) -> Any:
+        # Horovod's state_dict and, for a spare taking a lost rank in place, the position
+        return {**self.value.state_dict(), **self.value.position()}
+
+    def _exchange(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """Rank 0's ``state`` with the union of every rank's processed indices (what the
+        world processed)."""
         from .functions import allgather_object
 
-        # Every rank processed its own indices: the union is what the world processed.
         done: set = set()
         for part in allgather_object(set(self.value.processed_indices)):
             done |= part
-        state = self.value.state_dict()
         state["processed_indices"] = done
-        self.value.load_state_dict(_framework.bcast_object(state))
+        return _framework.bcast_object(state)
+
+    def sync(self) -> None:
+        state = self._exchange(self.value.state_dict())
+        if _inplace.granted():
+            # A spare taking a lost rank in place: the survivors keep their shards, so it
+            # takes the lost rank's shard and position instead of re-sharding.
+            self.value.take_place(state)
+        else:
+            self.value.load_state_dict(state)
+
+    def serve(self) -> None:
+        # The spare's collectives; rank 0 sends its commit (a program may record the
+        # step's batch before step(): the commit says where the lost rank was), and this
+        # rank's own shard and position stay.
+        self._exchange(self.snapshot() if _inplace.serves_current() else copy.deepcopy(self._saved))
 
     def reset(self) -> None:
         self.value.reset()
@@ -158,6 +179,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_samples = 0
         self.total_size = 0
         self.indices: List[int] = []
+        # In-place replacement: the processed set the current shards were cut from, the
+        # indices recorded since, and how many of the shard this rank skips (a spare that
+        # took a lost rank's place starts where that rank was).
+        self.basis: set = set()
+        self.consumed = 0
+        self.skip = 0
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -169,7 +196,9 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.record_indices(self.get_indices(batch_idx, batch_size))
 
     def record_indices(self, indices: Any) -> None:
-        self.processed_indices.update(int(i) for i in indices)
+        done = [int(i) for i in indices]
+        self.processed_indices.update(done)
+        self.consumed += len(done)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
         start = batch_idx * batch_size
@@ -178,15 +207,34 @@ class ElasticSampler(torch.utils.data.Sampler):
     def state_dict(self) -> Dict[str, Any]:
         return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
 
+    def position(self) -> Dict[str, Any]:
+        """Where this rank is in its shard (``take_place``'s input, with ``state_dict``)."""
+        return {"basis": set(self.basis), "consumed": self.consumed}
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.epoch = int(state_dict["epoch"])
         self.processed_indices = set(state_dict["processed_indices"])
         self.reset()
 
+    def take_place(self, state: Dict[str, Any]) -> None:
+        """A spare replacing a lost rank in place (``FASTPS_ELASTIC_INPLACE=1``): the
+        shard that rank had (cut from the same ``basis`` over the same world) from where
+        it was (``consumed`` indices in; every rank records as many per step), so this
+        rank reads the samples the lost one would have read next."""
+        self.epoch = int(state["epoch"])
+        self.processed_indices = set(state.get("basis", ()))
+        self.reset()
+        self.skip = int(state.get("consumed", 0))
+        self.consumed = self.skip
+        self.processed_indices.update(self.indices[: self.skip])
+        self._shard()
+
     def reset(self) -> None:
         """Re-shards the remaining samples over the current world."""
         from . import is_initialized, rank, size
 
+        self.basis = set(self.processed_indices)
+        self.consumed = self.skip = 0
         if is_initialized():
             self.num_replicas, self.rank = size(), rank()
         self.remaining_indices = [
@@ -204,11 +252,11 @@ class ElasticSampler(torch.utils.data.Sampler):
             order = [order[i] for i in torch.randperm(len(order), generator=g).tolist()]
         if order:
             order += order[: self.total_size - len(order)]  # pad to a multiple of the world
-        self.indices = order[self.rank : self.total_size : self.num_replicas]
+        self.indices = order[self.rank : self.total_size : self.num_replicas][self.skip :]
 
     def __iter__(self) -> Iterator[int]:
         self._shard()
         return iter(self.indices)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.indices)

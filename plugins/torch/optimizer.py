@@ -43,6 +43,7 @@ import torch
 from fastps import api as _api
 from fastps import collectives as _collectives
 from fastps.compression import default_compressor
+from fastps.elastic import inplace as _inplace
 from fastps.elastic.wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
 from fastps.fusion_plan import FusionPlan
@@ -258,6 +259,9 @@ class _GradientSync:
         # nn.Linear weights that may travel as sufficient factors (sfb.py); set by
         # DistributedOptimizer(model=...).
         self.sfb: Optional[SufficientFactors] = None
+        # In-place replacement (fastps.elastic.inplace): each gradient as it was before its
+        # first push in the first step after a commit, by entry index (None: no gradient).
+        self.kept: Dict[int, Optional[torch.Tensor]] = {}
         try:
             for gi, group in enumerate(groups):
                 self.add_group(gi, group["params"], check=False)
@@ -399,7 +403,15 @@ class _GradientSync:
             if _tl.recording():  # no label string per gradient otherwise
                 _tl.instant("gradient ready", e.name[len(GRAD_PREFIX) :])
             if e.passes >= self.passes_per_step:
-                self._start(e)
+                try:
+                    self._start(e)
+                except FastPSError:
+                    if not _inplace.keeping():
+                        raise
+                    # The generation failed under the backward pass: synchronize() meets
+                    # the failure again (it pushes what is not in flight), where the step
+                    # can stay in place.
+                    e.drop()
 
     def _agree_priorities(self) -> None:
         """Makes rank 0's learned priorities everyone's (one small broadcast).
@@ -421,6 +433,29 @@ class _GradientSync:
         self.agreed = [int(p) for p in agreed]
 
     def _start(self, e: _Entry) -> None:
+        if not _inplace.keeping():
+            self._push(e)
+            return
+        # The first step after a commit: keep the gradient as it is before it is summed in
+        # place, so a lost peer's spare can be met with this step's gradients again.
+        g = e.param.grad
+        if g is not None and g.layout != torch.strided:
+            _inplace.block(f"the gradient of '{e.name[len(GRAD_PREFIX) :]}' is sparse")
+        elif self.sfb is not None:
+            _inplace.block("gradients travel as sufficient factors")
+        elif self.cross is not None:
+            _inplace.block("cross-barrier updates (an update may still be deferred)")
+        elif e.index not in self.kept:  # a push that failed may have scaled it already
+            self.kept[e.index] = None if g is None else g.detach().clone()
+        st = _api._state
+        before = st.submitted if st is not None else 0
+        try:
+            self._push(e)
+        finally:
+            if st is not None:
+                _inplace.account(st.submitted - before)
+
+    def _push(self, e: _Entry) -> None:
         if self.agreed is None:
             self._agree_priorities()
         if self.sfb is not None:
@@ -590,6 +625,32 @@ class _GradientSync:
             self.order.stop()
         self.synchronized = True
 
+    def synchronize_or_replace(self) -> None:
+        """``synchronize()``; when a peer was lost in the first step after a commit and
+        a spare takes its place in place (fastps.elastic.inplace), this step's gradients
+        are summed again with the spare's and it returns normally."""
+        try:
+            self.synchronize()
+        except FastPSError as exc:
+            if not _inplace.replace_in_place(exc, self.redo):
+                raise
+
+    def redo(self) -> None:
+        """Pushes this step's gradients again, from the copies taken before their first
+        push, in the generation just joined (every rank, the spare too, starts afresh)."""
+        kept, self.kept = self.kept, {}
+        self.abandon()
+        for index, g in kept.items():
+            p = self.entries[index].param
+            if g is None:
+                p.grad = None
+            elif p.grad is not None and p.grad.shape == g.shape and p.grad.dtype == g.dtype:
+                p.grad.copy_(g)
+            else:
+                p.grad = g
+        self.synchronize()
+        self.kept = {}
+
     def fetch_next_round(self) -> int:
         """Catch-up (docs/async.md): writes into each gradient the sum of its next round,
         which closed without this worker, from the servers' history (nothing is pushed or
@@ -643,6 +704,7 @@ class _GradientSync:
                 e.drop()
                 e.deferred = False
                 e.passes = 0
+            self.kept = {}
             self.agreed = None
             self.agreements = 0
             self.synchronized = False
@@ -700,16 +762,19 @@ class _DistributedMixin:
             and cross.usable(self)
         ):
             cross.defer_step(self)
+            _inplace.update_applied()  # deferred, but no longer the committed state
             sync.rounds += 1
             if sync.active:
                 freeze_once()
             return None
         if sync.should_synchronize and not sync.synchronized:
-            sync.synchronize()
+            sync.synchronize_or_replace()
         elif cross is not None:
             cross.finish()
         sync.synchronized = False
         started = _tl.start()
+        _inplace.update_applied()
+        sync.kept = {}
         result = super().step(closure)  # type: ignore[misc]
         sync.rounds += 1
         _tl.end("optimizer applied", f"{len(sync.entries)} parameters", started)
@@ -750,7 +815,7 @@ class _DistributedMixin:
         """Finishes averaging every gradient now (e.g. before clipping them); with
         cross-barrier updates it first applies every update a previous step deferred, so
         afterwards parameters and optimizer state may be read directly."""
-        self._fastps.synchronize()
+        self._fastps.synchronize_or_replace()
 
     def wait_for_updates(self) -> None:
         """Applies every update a cross-barrier ``step()`` deferred (waiting for their

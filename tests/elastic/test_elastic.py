@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train_elastic.py"
+TRAIN_SAMPLER = HERE / "train_sampler.py"
 sys.path.insert(0, str(HERE))
 import train_elastic  # noqa: E402
 
@@ -316,3 +317,154 @@ def test_reset_limit_stops_the_job(tmp_path, subprocess_env):
     )  # fmt: skip
     assert proc.returncode != 0, _show(proc)
     assert "resets exceeded --reset-limit 0" in proc.stderr, _show(proc)
+
+
+def _restored_slots(stdout: str) -> set:
+    return set(re.findall(r"(?:RESTORE|RESET) slot=(\S+)", stdout))
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_spare_replaces_in_place_without_rollback(tmp_path, subprocess_env):
+    """FASTPS_ELASTIC_INPLACE=1, --spare-hosts 1: the worker of rank 1 dies inside the
+    first step after a commit (a gradient of its step pushed, the other not). The
+    survivors stay inside that step's optimizer.step(): no restore, no reset callback;
+    the spare takes rank 1, gets the commit and computes that step's gradient, and the
+    training ends with the parameters of an undisturbed run."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 14
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {"STEPS": str(steps), "FAIL_AT": "localhost:1@6@backward", "FASTPS_ELASTIC_INPLACE": "1"},
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    err = proc.stderr
+    assert "spare worker on slot localhost:3 replaces the worker on slot localhost:1" in err
+    assert "in-place replacement: granted" in err, _show(proc)
+    assert "generation 1: 3 workers (localhost:0, localhost:3, localhost:2)" in err, _show(proc)
+    # Nobody rolled back: the survivors' restore and reset callbacks never ran.
+    assert not _restored_slots(proc.stdout), _show(proc)
+    assert out["resets"] == [], out["resets"]
+    # rank 0's step counter went on: every step finished once, in order.
+    done = [int(m) for m in re.findall(r"STEP (\d+) size=3", proc.stdout)]
+    assert done == list(range(1, steps + 1)), done
+    assert_reference(out, steps)
+    print("in place: SIGKILL -> next step:", recovery_seconds(proc.stdout))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_falls_back_to_rollback_after_an_update(tmp_path, subprocess_env):
+    """Commits every 2 steps; the worker of rank 1 dies in the second step after a
+    commit, when the survivors have applied an update the commit does not hold: in place
+    would be wrong, so they roll back (a log line says why) and the run is still exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": "localhost:1@7@backward",
+            "COMMIT_EVERY": "2",
+            "FASTPS_ELASTIC_INPLACE": "1",
+        },
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" not in proc.stderr, _show(proc)
+    assert "an update was applied since the last commit" in proc.stderr, _show(proc)
+    assert {"localhost:0", "localhost:2"} <= _restored_slots(proc.stdout), _show(proc)
+    assert_reference(out, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_refused_when_rank_0_is_lost(tmp_path, subprocess_env):
+    """Rank 0 dies inside the first step after a commit: the survivors ask to stay in
+    place and join the next generation, but every rank moves (rank 0 must be a survivor),
+    so fastpsrun refuses; already in the new generation, they roll back there (restore,
+    reset callbacks, sync from the new rank 0) and the run is exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {"STEPS": str(steps), "FAIL_AT": "localhost:0@6@backward", "FASTPS_ELASTIC_INPLACE": "1"},
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    err = proc.stderr
+    assert "in-place replacement: refused (rank 0 was lost" in err, _show(proc)
+    assert "generation 1: 3 workers (localhost:1, localhost:2, localhost:3)" in err, _show(proc)
+    assert "refused by fastpsrun (rank 0 was lost" in err, _show(proc)
+    assert _restored_slots(proc.stdout) == {"localhost:1", "localhost:2"}, _show(proc)
+    assert_reference(out, steps)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_spare_reads_the_lost_ranks_samples(tmp_path, subprocess_env):
+    """The same with the data read through an ElasticSampler: the survivors keep their
+    shards, the spare takes the lost rank's shard where it was (mid-epoch), and the run
+    ends with the parameters of an undisturbed 3-worker run over the same sample order."""
+    import train_sampler
+
+    _, script = _discovery(tmp_path, "localhost:4")
+    result = tmp_path / "result.json"
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    env = {
+        **subprocess_env,
+        "FAIL_AT": "localhost:1@9",  # epoch 1, its fourth step
+        "FASTPS_ELASTIC_INPLACE": "1",
+        "RESULT": str(result),
+    }
+    cmd = [sys.executable, "-m", "fastps.launcher", *args, sys.executable, str(TRAIN_SAMPLER)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" in proc.stderr, _show(proc)
+    assert not _restored_slots(proc.stdout), _show(proc)
+    got = json.loads(result.read_text())["params"]
+    for got_p, want_p in zip(got, train_sampler.reference(3)):
+        assert got_p == pytest.approx(want_p, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 120)
+def test_in_place_at_any_step(tmp_path, subprocess_env):
+    """FASTPS_ELASTIC_INPLACE=any, commits every 4 steps: the worker of rank 1 dies in the
+    third step after a commit. The survivors stay in place anyway: the spare gets rank
+    0's state as it is in that step (parameters and optimizer state before the step's
+    update, the step counter), not the commit, so nobody does the two steps since the
+    commit again, and the run is exact."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    steps = 12
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        args,
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": "localhost:1@6@backward",
+            "COMMIT_EVERY": "4",
+            "FASTPS_ELASTIC_INPLACE": "any",
+        },
+        timeout=RUN_TIMEOUT + 60,
+    )
+    assert proc.returncode == 0, _show(proc)
+    assert "in-place replacement: granted" in proc.stderr, _show(proc)
+    assert not _restored_slots(proc.stdout), _show(proc)
+    done = [int(m) for m in re.findall(r"STEP (\d+) size=3", proc.stdout)]
+    assert done == list(range(1, steps + 1)), done
+    assert_reference(out, steps)

@@ -204,3 +204,105 @@ def test_torch_state_rolls_back_to_the_same_commit_twice():
             assert torch.equal(value, params[name]), name
         for key, value in opt.state_dict()["state"].items():
             assert torch.equal(value["momentum_buffer"], momenta[key]["momentum_buffer"]), key
+
+
+def _in_place(members, failed, spares, asked):
+    """fastpsrun's in-place decision for the next generation (None: granted)."""
+    launcher = _launcher(members, failed, spares)
+    launcher.in_place_asks = set(asked)
+    spare_ids = {s.id for s in launcher.slots.values() if s.spare}
+    alive = [s for s in launcher.slots.values() if s.state == "running" and not s.spare]
+    return launcher._in_place_refusal(launcher._seat(alive), spare_ids)
+
+
+def test_in_place_is_granted_only_when_every_rank_stays():
+    assert _in_place(["a", "b", "c"], {"b"}, ["s"], {"a", "c"}) is None
+    # a survivor that applied an update asks for a rollback: everybody rolls back
+    assert "rank 2 (slot c) asked for a rollback" in _in_place(["a", "b", "c"], {"b"}, ["s"], {"a"})
+    # rank 0 lost: every rank moves
+    assert "rank 0 was lost" in _in_place(["a", "b", "c"], {"a"}, ["s"], {"b", "c"})
+    # no spare ready: the world shrinks
+    assert "changes size (3 -> 2" in _in_place(["a", "b", "c"], {"b"}, [], {"a", "c"})
+    # two lost, one spare
+    assert "changes size" in _in_place(["a", "b", "c"], {"b", "c"}, ["s"], {"a"})
+
+
+def test_in_place_window_closes_at_an_update_and_counts_other_collectives(monkeypatch):
+    from fastps import api
+    from fastps.elastic import inplace
+
+    class Session:
+        submitted = 0
+
+    session = Session()
+    monkeypatch.setattr(api, "_state", session)
+    monkeypatch.setenv(inplace.ENV, "1")
+    monkeypatch.setattr(inplace.wire, "enabled", lambda: True)
+    state = ObjectState(bcast_object=lambda o: o, get_rank=lambda: 0, step=0)
+    inplace.enter(state, lambda: None)
+    try:
+        assert inplace.unsafe_reason() == "an update was applied since the last commit"
+        inplace.opened()
+        assert inplace.keeping() and inplace.unsafe_reason() is None
+        session.submitted += 2  # the step's two gradients
+        inplace.account(2)
+        assert inplace.unsafe_reason() is None
+        session.submitted += 1  # e.g. the program's allreduce of the loss
+        assert "1 collective(s) other than this step's gradients" in inplace.unsafe_reason()
+        inplace.opened()
+        inplace.block("the gradient of 'emb' is sparse")
+        assert not inplace.keeping()
+        assert inplace.unsafe_reason() == "the gradient of 'emb' is sparse"
+        inplace.opened()
+        inplace.update_applied()
+        assert not inplace.keeping()
+        assert inplace.unsafe_reason() == "an update was applied since the last commit"
+    finally:
+        inplace.leave(state)
+    assert inplace.unsafe_reason() == "not inside hvd.elastic.run"
+
+
+def test_a_spare_takes_the_lost_ranks_shard_where_it_was():
+    pytest.importorskip("torch")
+    from fastps.torch.elastic import ElasticSampler
+
+    def sampler(rank):
+        s = ElasticSampler(range(40), seed=1)
+        s.num_replicas, s.rank = 4, rank
+        s.set_epoch(2)
+        return s
+
+    lost = sampler(1)
+    for b in range(3):
+        lost.record_batch(b, 2)
+    commit = {**lost.state_dict(), **lost.position()}
+    commit["processed_indices"] |= {i for r in (0, 2, 3) for i in sampler(r).indices[:6]}
+    spare = sampler(1)
+    spare.take_place(commit)
+    assert list(spare) == lost.indices[6:]
+    assert spare.get_indices(0, 2) == lost.get_indices(3, 2)
+    assert len(spare) == len(lost.indices) - 6 and spare.consumed == 6
+    assert spare.processed_indices == lost.processed_indices
+    # what a rollback's sync does instead: re-shard what is left, another order
+    resharded = sampler(1)
+    resharded.load_state_dict(commit)
+    assert list(resharded) != lost.indices[6:]
+    # a later re-shard starts from everything processed, the lost rank's part included
+    spare.record_batch(0, 2)
+    spare.reset()
+    assert spare.skip == 0 and spare.basis >= set(lost.indices[:8])
+
+
+def test_in_place_mode_values(monkeypatch):
+    from fastps.elastic import inplace
+
+    monkeypatch.setattr(inplace.wire, "enabled", lambda: True)
+    for value, want in (("0", ""), ("1", "commit"), ("on", "commit"), ("any", "any")):
+        monkeypatch.setenv(inplace.ENV, value)
+        assert inplace.mode() == want
+    monkeypatch.setenv(inplace.ENV, "sometimes")
+    with pytest.raises(FastPSError, match="FASTPS_ELASTIC_INPLACE='sometimes'"):
+        inplace.mode()
+    monkeypatch.setattr(inplace.wire, "enabled", lambda: False)  # not an elastic worker
+    monkeypatch.setenv(inplace.ENV, "1")
+    assert inplace.mode() == ""

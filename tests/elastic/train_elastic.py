@@ -7,7 +7,9 @@ parameters with a single-process run of the same steps (``reference``).
 
 Environment:
   STEPS        number of steps (default 30)
-  STEP_SLEEP   seconds of "compute" per step (default 0.1)
+  STEP_SLEEP   seconds of "compute" per step (default 0.1), after the step
+  COMPUTE_SLEEP  seconds of "compute" before the backward pass (default 0): what a
+               rollback does again and a survivor that stays in place does not
   FAIL_AT      comma-separated ``slot@step@where``: the worker on that slot SIGKILLs itself
                at that step, ``where`` = backward (inside a gradient hook, with push_pulls in
                flight), commit (after saving, before the commit's collective) or reset
@@ -27,7 +29,15 @@ Environment:
                fastpsrun wrote in $TMPDIR for the running generation; at the next step every
                rank waits (bounded) until its core runs in server epoch ``epoch``, so the
                steps after run on the new server whatever its start-up takes
+  FAIL_ON_FILE ``slot@path``: the worker on that slot SIGKILLs itself in the backward pass
+               of the first step it starts once ``path`` exists (benchmarks: a kill inside
+               the first step after a commit, at a time the benchmark picks)
+  COMMIT_EVERY commit after every k-th step (default 1); a failure later than the first
+               step after a commit cannot be met in place (FASTPS_ELASTIC_INPLACE=1)
   RESULT       where rank 0 writes the final parameters (JSON)
+
+Each worker prints ``RESTORE slot=...`` when its state is restored and ``RESET slot=...``
+in its reset callback, so the tests see who rolled back.
 """
 
 from __future__ import annotations
@@ -127,8 +137,12 @@ def _add_server(sid: int, step: int) -> subprocess.Popen:
 def main() -> None:
     steps = int(os.environ.get("STEPS", "30"))
     sleep = float(os.environ.get("STEP_SLEEP", "0.1"))
+    compute = float(os.environ.get("COMPUTE_SLEEP", "0"))
     me = os.environ.get("FASTPS_ELASTIC_ID", "")
     fail = _failures(me)
+    fail_slot, _, fail_file = os.environ.get("FAIL_ON_FILE", "").partition("@")
+    if fail_slot != me:
+        fail_file = ""
     grow = os.environ.get("GROW_AT", "")
     wait = os.environ.get("WAIT_SIZE", "")
     kill_server = [int(os.environ.get("KILL_SERVER_AT", "-1"))]
@@ -147,8 +161,17 @@ def main() -> None:
     opt = hvd.DistributedOptimizer(make_optimizer(model), named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
     resets = []
+    commit_every = int(os.environ.get("COMMIT_EVERY", "1"))
+    restore = state.restore
+
+    def restore_and_say() -> None:
+        print(f"RESTORE slot={me} step={state.step} t={time.time():.3f}", flush=True)
+        restore()
+
+    state.restore = restore_and_say
 
     def on_reset() -> None:
+        print(f"RESET slot={me} rank={hvd.rank()} t={time.time():.3f}", flush=True)
         resets.append((hvd.size(), time.time()))
         for step, where in list(fail.items()):
             if where == "reset":
@@ -172,6 +195,8 @@ def main() -> None:
             rows = BATCH // n
             xs, ys = x[r * rows : (r + 1) * rows], y[r * rows : (r + 1) * rows]
             armed["where"] = fail.pop(state.step, None)
+            if fail_file and os.path.exists(fail_file):
+                armed["where"] = "backward"
             if r == 0 and state.step == kill_server[0]:
                 kill_server[0] = -1
                 _kill_server(state.step)
@@ -187,7 +212,10 @@ def main() -> None:
                 if r == 0:
                     print(f"SERVER_EPOCH {got} step={state.step}", flush=True)
             opt.zero_grad()
-            ((model(xs) - ys) ** 2).mean().backward()
+            loss = ((model(xs) - ys) ** 2).mean()
+            if compute:
+                time.sleep(compute)
+            loss.backward()
             opt.step()
             state.step += 1
             time.sleep(sleep)
@@ -201,7 +229,8 @@ def main() -> None:
             if armed["where"] == "commit":
                 state.save()
                 _die("commit", state.step)
-            state.commit()
+            if state.step % commit_every == 0 or state.step == steps:
+                state.commit()
             if wait_size and hvd.size() < wait_size and time.time() < wait_until:
                 time.sleep(0.5)
             while hold and state.step >= hold_step and hvd.size() < hold_size:
