@@ -46,27 +46,34 @@ def least_lag(lags: Iterable[int]) -> int:
 
 
 class RoundLag:
-    """The lags of one step's gradients as they are waited for (from any thread), taken
-    once per step by the optimizer."""
+    """The least lag over one step's gradients as they are waited for (from any thread),
+    taken once per step by the optimizer. Keeps two numbers, not a list: a reducer whose
+    lags nobody takes (no quorum, no catch-up on its path) costs nothing per step."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lags: List[int] = []
+        self._least = -1  # none noted yet
+        self._unknown = False
 
     def note(self, lag: int) -> None:
+        lag = int(lag)
         with self._lock:
-            self._lags.append(int(lag))
+            if lag < 0:
+                self._unknown = True
+            elif self._least < 0 or lag < self._least:
+                self._least = lag
 
     def unknown(self) -> None:
         """A gradient of this step cannot be fetched: no catch-up this step."""
         self.note(UNKNOWN)
 
     def take(self) -> int:
-        """The rounds to catch up on after this step (:func:`least_lag`); starts the next
-        step's count."""
+        """The rounds to catch up on after this step (0 if any gradient's lag is unknown,
+        or none was noted); starts the next step's count."""
         with self._lock:
-            lags, self._lags = self._lags, []
-        return least_lag(lags)
+            least, unknown = self._least, self._unknown
+            self._least, self._unknown = -1, False
+        return 0 if unknown or least < 0 else least
 
 
 @dataclass(frozen=True)
