@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterable, List, Sequence, Tuple, TypeVar
 
 from . import api as _api
 
@@ -54,10 +54,16 @@ class RoundLag:
         self._lock = threading.Lock()
         self._least = -1  # none noted yet
         self._unknown = False
+        # The core session the lags were noted in: an elastic membership change starts a
+        # new one (new servers, rounds from 0), where an older lag means nothing.
+        self._session: Any = None
 
     def note(self, lag: int) -> None:
         lag = int(lag)
         with self._lock:
+            if self._session is not _api._state:
+                self._session = _api._state
+                self._least, self._unknown = -1, False
             if lag < 0:
                 self._unknown = True
             elif self._least < 0 or lag < self._least:
@@ -73,6 +79,8 @@ class RoundLag:
         with self._lock:
             least, unknown = self._least, self._unknown
             self._least, self._unknown = -1, False
+            if self._session is not _api._state:
+                return 0  # noted in an earlier session
         return 0 if unknown or least < 0 else least
 
 
