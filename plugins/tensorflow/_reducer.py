@@ -146,7 +146,7 @@ class RoundFetch:
         """The next round's sums, each times the scale its push carried."""
         factor = self.scale / C.global_process_set.size() if self.average else self.scale
         arrays = [np.empty(s, dtype=d.as_numpy_dtype) for s, d in zip(self.shapes, self.tf_dtypes)]
-        targets = []
+        targets: List[CU.Target] = []
         for arr, dt, shape, name, prio in zip(
             arrays, self.dtypes, self.shapes, self.names, self.priorities
         ):

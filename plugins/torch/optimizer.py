@@ -595,7 +595,7 @@ class _GradientSync:
         """Catch-up (docs/async.md): writes into each gradient the sum of its next round,
         which closed without this worker, from the servers' history (nothing is pushed or
         counted); returns how many rounds closed after that one, the least over them."""
-        targets = []
+        targets: List[_catch_up.Target] = []
         for e in self.waited:
             g = e.param.grad
             assert g is not None and g.is_contiguous()  # the fast path pushed it
