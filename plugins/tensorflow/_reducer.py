@@ -108,10 +108,10 @@ class _Direct:
 
     def synchronize(self, timeout: Optional[float] = None) -> np.ndarray:
         if self._handle is not None:
-            handle, self._handle = self._handle, None
-            handle.synchronize(timeout)
+            self._handle.synchronize(timeout)  # raises again if called again after a failure
             if self._lags is not None:
-                self._lags.note(handle.lag)
+                self._lags.note(self._handle.lag)
+                self._lags = None  # noted once
         return self._out
 
 
