@@ -459,7 +459,11 @@ def num_servers() -> int:
 
 
 class Handle:
-    """A running push_pull. ``synchronize()`` waits and returns the output."""
+    """A running push_pull. ``synchronize()`` waits and returns the output.
+
+    ``lag`` once it returned: under quorum rounds, how many of the tensor's rounds closed
+    after the one answered (the rounds this worker fell behind by; catch them up with
+    ``fastps.catch_up``, docs/async.md "Catch-up"); else 0. -1 before the wait returned."""
 
     def __init__(
         self, st: _State, hid: Optional[int], name: str, out: Any, keep: Sequence[Any]
@@ -474,6 +478,7 @@ class Handle:
         self._error: Optional[BaseException] = None
         # Its round for the stall inspector, which tracks what this worker waits for.
         self._round = 0
+        self.lag = -1
 
     def _tracked(self, rnd: int) -> Handle:
         """Tells the stall inspector this is round ``rnd`` of its name, now waiting."""
@@ -517,7 +522,7 @@ class Handle:
                 raise
             self._done = True
             try:
-                self._st.worker.wait(hid, timeout or self._st.cfg.op_timeout)
+                self.lag = int(self._st.worker.wait(hid, timeout or self._st.cfg.op_timeout))
             except (RuntimeError, ValueError) as exc:
                 raise _explain(self._st, exc) from None
             finally:

@@ -108,6 +108,13 @@ def async_requested(kwargs: Dict[str, Any], mode: str, who: str = "DistributedOp
     return mode == "async"
 
 
+def session() -> Any:
+    """The running core session. An elastic membership change starts a new one with new
+    servers, which hold no parameters yet: a wrapper that initialized the servers in an
+    earlier session initializes them again (from rank 0's restored parameters)."""
+    return api._st()
+
+
 def current_mode() -> str:
     """FASTPS_MODE / init(mode=...) once fastps is initialized, else "sync"."""
     return api.mode() if api.is_initialized() else "sync"
@@ -121,11 +128,15 @@ class DeltaExchange:
     The first exchange starts the servers from rank 0's parameters *before* its step
     (:func:`init_params`), then adds every worker's first delta: the plugins whose variables
     appear only at the first step (Keras, Gluon's deferred init) need no separate init call.
+    So does the first exchange of a new core session (an elastic membership change brings
+    new servers, which hold nothing: they start from rank 0's restored parameters).
     """
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.started = False
+        # The core session whose servers hold the parameters (None: none yet); a new
+        # session (an elastic membership change: new servers) starts them again.
+        self.session: Any = None
 
     def step(
         self,
@@ -142,11 +153,11 @@ class DeltaExchange:
             )
         if _alone():
             return  # local training: the local step is the step
-        if not self.started:
+        if self.session is not session():
             # after - before is this worker's delta; rank 0's `before` becomes everyone's.
             deltas = [np.subtract(a, b) for a, b in zip(after, before)]
             init_params(list(zip(names, before)))
-            self.started = True
+            self.session = session()
         else:
             deltas = [np.subtract(a, b, out=b) for a, b in zip(after, before)]
         handles = update_async(list(zip(names, deltas, after)))
@@ -161,4 +172,4 @@ class DeltaExchange:
 
     def push(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
         replace_params(named)
-        self.started = True
+        self.session = session()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 from fastps import api as _api
+from fastps import catch_up as CU
 from fastps import collectives as C
 from fastps.buffers import SUPPORTED_DTYPES, RawBuffer
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
@@ -841,6 +842,7 @@ class _CoreHandle:
         self._finish = finish
         self._done = False
         self.name = handle.name
+        self.host = finish is None  # the core writes the sum into ``out`` itself
 
     def poll(self) -> bool:
         return self._done or self._handle.poll()
@@ -855,6 +857,23 @@ class _CoreHandle:
         return self._out
 
     wait = synchronize
+
+    @property
+    def lag(self) -> int:
+        """Once synchronized: the quorum lag of its wait (``fastps.api.Handle.lag``)."""
+        return int(self._handle.lag)
+
+
+def _fetch_target(arr: NDArray, name: str, priority: int, scale: float) -> CU.Target:
+    """Where a catch-up fetch (``fastps.catch_up``) writes the next round of ``name``'s sum:
+    ``arr``'s host memory, once the engine has no pending read or write of it (the last
+    update may still read the gradient)."""
+    meta = _Meta(arr, f"gradient '{name}'")
+    if not meta.host:
+        raise FastPSError(f"gradient '{name}': a catch-up fetch needs a host array")
+    _wait_to_write(arr)
+    raw = meta.raw()
+    return CU.Target(raw.ptr, raw.nbytes, raw.dtype, raw.shape, name, priority, scale)
 
 
 def _start(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import mxnet as mx
 import numpy as np
 from fastps import api as _api
+from fastps import catch_up as CU
 from fastps import collectives as C
 from fastps.async_mode import DeltaExchange, async_requested, current_mode
 from fastps.collectives import ProcessSet, ReduceOp, global_process_set
@@ -23,7 +24,15 @@ from fastps.sfb import mode as _sfb_mode
 
 from . import engine_wait as EW
 from .compression import Compression, is_core
-from .ops import MXHandle, _start, allreduce_async_, broadcast_async_, dtype_name
+from .ops import (
+    MXHandle,
+    _CoreHandle,
+    _fetch_target,
+    _start,
+    allreduce_async_,
+    broadcast_async_,
+    dtype_name,
+)
 from .sfb import SufficientFactors
 
 __all__ = ["broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
@@ -305,6 +314,15 @@ class DistributedTrainer(mx.gluon.Trainer):
     ``model``: the Block whose ``Dense`` weights may be synchronised as sufficient factors
     instead of through the servers (``FASTPS_SFB=auto|on``, default off; ``sfb.py`` and
     docs/sfb.md).
+
+    Quorum rounds (``FASTPS_ROUND_QUORUM``, docs/async.md "Catch-up"): after the answered
+    round, ``step()`` applies the rounds that closed without this worker, fetched from the
+    servers' history, one optimizer update each, as every other replica applied them; a
+    worker that is slower for good then never falls far enough behind to pace the others.
+    A loop that must end on every worker after the same rounds counts
+    ``applied_rounds``, not its own steps. Needs every gradient on the core's path
+    (global set, host arrays, no compression, no sufficient factors); cross-barrier
+    updates are off under quorum rounds.
     """
 
     def __init__(
@@ -376,7 +394,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._fastps_op = rop
         self._fastps_fusion = FusionPlan(f"DistributedTrainer:{self._fastps_prefix}")
         weakref.finalize(self, self._fastps_fusion.drop)
-        self._fastps_cb = _cross_barrier(cross_barrier, rop, process_set)
+        # Quorum rounds: the waits' lags, the fetch targets of the last reduction, the
+        # rounds applied (docs/async.md, "Catch-up").
+        quorum = _api.is_initialized() and _api.quorum_rounds()
+        self._fastps_lags: Optional[CU.RoundLag] = CU.RoundLag() if quorum else None
+        self._fastps_fetch: List[Tuple[int, NDArray, str, int, float]] = []
+        self._fastps_rounds = 0
+        self._fastps_cb = _cross_barrier(cross_barrier, rop, process_set, quorum)
         self._fastps_deferred = 0  # gradients whose wait went to the engine (tests)
         self._fastps_async: Optional[DeltaExchange] = (
             DeltaExchange("DistributedTrainer(async)") if asynchronous else None
@@ -544,6 +568,17 @@ class DistributedTrainer(mx.gluon.Trainer):
             fusion.update(rows)
         # Results arrive in priority order, so waiting in that order wastes nothing.
         pending.sort(key=lambda p: -self._fastps_priority[p[0]])
+        lags = self._fastps_lags
+        self._fastps_fetch = []
+        for i, handle, sent, _ctx, grad in pending:
+            if lags is None:
+                break
+            if isinstance(handle, _CoreHandle) and handle.host and sent is grad:
+                self._fastps_fetch.append(
+                    (i, grad, handle.name, self._fastps_priority[i], f / _api.size())
+                )
+            else:
+                lags.unknown()  # off the core's path: this step has no catch-up
         for i, handle, sent, ctx, grad in pending:
             name = self._params[i].name
             if self._fastps_cb and ps is global_process_set and handle._finish is None:
@@ -557,6 +592,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                     handle.synchronize()
                 except FastPSError as exc:
                     raise type(exc)(f"parameter '{name}': {exc}") from None
+                if lags is not None and isinstance(handle, _CoreHandle):
+                    lags.note(handle.lag)
             if sent is not grad:
                 grad[:] = self._fastps_compression.decompress(sent, ctx)
             for other in self._params[i].list_grad()[1:]:
@@ -617,6 +654,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             return
         if self._fastps_op != ReduceOp.ADASUM or not self._fastps_active():
             super()._update(ignore_stale_grad)
+            self._fastps_rounds += 1
+            if self._fastps_lags is not None and self._fastps_active():
+                self._fastps_catch_up(ignore_stale_grad)
             return
         # Horovod's delta optimizer: the local update from ``start``, then
         # ``start + adasum(update)`` on every device.
@@ -648,6 +688,37 @@ class DistributedTrainer(mx.gluon.Trainer):
             for data in param.list_data():
                 start.copyto(data)
 
+    @property
+    def applied_rounds(self) -> int:
+        """Rounds of gradient sums applied: one per ``step()``, plus, under quorum rounds,
+        those a slow worker caught up on (docs/async.md, "Catch-up")."""
+        return self._fastps_rounds
+
+    def _fastps_catch_up(self, ignore_stale_grad: bool) -> None:
+        """Applies the rounds that closed after the one just applied (``fastps.catch_up``):
+        each fetched into the gradients, then the wrapped optimizer's update, in turn."""
+        lags = self._fastps_lags
+        assert lags is not None
+        behind = lags.take()
+        if not behind or not self._fastps_fetch:
+            return
+
+        def fetch() -> None:
+            targets = [_fetch_target(g, name, p, s) for _, g, name, p, s in self._fastps_fetch]
+            CU.fetch_round(targets)
+            for i, grad, _, _, _ in self._fastps_fetch:
+                param = self._params[i]
+                for other in param.list_grad()[1:]:
+                    grad.copyto(other)
+                for data in param.list_data():
+                    data._fresh_grad = True  # Gluon updates only fresh gradients
+
+        def apply(_: None) -> None:
+            mx.gluon.Trainer._update(self, ignore_stale_grad)
+            self._fastps_rounds += 1
+
+        CU.catch_up(behind, fetch, apply)
+
 
 def _wait_named(handle: Any, name: str) -> None:
     try:
@@ -656,7 +727,9 @@ def _wait_named(handle: Any, name: str) -> None:
         raise type(exc)(f"parameter '{name}': {exc}") from None
 
 
-def _cross_barrier(option: Optional[bool], op: ReduceOp, process_set: ProcessSet) -> bool:
+def _cross_barrier(
+    option: Optional[bool], op: ReduceOp, process_set: ProcessSet, quorum: bool = False
+) -> bool:
     """Whether a DistributedTrainer hands its waits to the engine (see its docstring)."""
     if option is not None:
         if not isinstance(option, bool):
@@ -674,6 +747,8 @@ def _cross_barrier(option: Optional[bool], op: ReduceOp, process_set: ProcessSet
         why = "op=Adasum combines the updates after the step"
     elif process_set is not global_process_set:
         why = "a process set (its sums go through the collective layer)"
+    elif quorum:
+        why = "FASTPS_ROUND_QUORUM (a slow worker catches up on whole rounds)"
     elif not EW.available():
         why = f"MXNet {mx.__version__} has no MXEnginePushSyncND"
     if why is not None:

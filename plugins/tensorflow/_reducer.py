@@ -58,6 +58,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 import numpy as np
 import tensorflow as tf
 from fastps import api as _api
+from fastps import catch_up as CU
 from fastps import collectives as C
 from fastps.buffers import raw_buffer
 from fastps.fusion_plan import FusionPlan, Row
@@ -73,9 +74,17 @@ class _Direct:
     """A gradient's Sum over the global set, straight on the core (see "The direct path")."""
 
     def __init__(
-        self, arr: np.ndarray, dtype: str, name: str, priority: int, scale: float, core: Any = None
+        self,
+        arr: np.ndarray,
+        dtype: str,
+        name: str,
+        priority: int,
+        scale: float,
+        core: Any = None,
+        lags: Optional[CU.RoundLag] = None,
     ):
         self._out = np.empty(arr.shape, dtype=arr.dtype)
+        self._lags = lags  # where the wait reports the quorum lag (catch-up)
         if arr.size == 0:
             self._handle: Any = None
             return
@@ -99,8 +108,55 @@ class _Direct:
 
     def synchronize(self, timeout: Optional[float] = None) -> np.ndarray:
         if self._handle is not None:
-            self._handle.synchronize(timeout)
+            self._handle.synchronize(timeout)  # raises again if called again after a failure
+            if self._lags is not None:
+                self._lags.note(self._handle.lag)
+                self._lags = None  # noted once
         return self._out
+
+
+class RoundFetch:
+    """The catch-up fetch of one ``reduce`` call's gradients (docs/async.md, "Catch-up";
+    ``fastps.catch_up``): under quorum rounds, the sums of their next round, which closed
+    without this worker, as the arrays the reduction would have returned. Made when the
+    call is traced (names, shapes, priorities are fixed by then) and run at every step
+    that fell behind; only for calls whose every gradient took the direct path
+    uncompressed, with a static shape: a round is applied whole or not at all."""
+
+    def __init__(
+        self,
+        indices: Sequence[int],
+        names: Sequence[str],
+        tf_dtypes: Sequence[tf.DType],
+        shapes: Sequence[Tuple[int, ...]],
+        priorities: Sequence[int],
+        scale: float,
+        average: bool,
+    ) -> None:
+        self.indices = list(indices)
+        self.names = list(names)
+        self.tf_dtypes = list(tf_dtypes)
+        self.dtypes = [E.check_dtype(d, n) for d, n in zip(tf_dtypes, names)]
+        self.shapes = [tuple(s) for s in shapes]
+        self.priorities = list(priorities)
+        self.scale = float(scale)
+        self.average = bool(average)
+
+    def fetch(self) -> List[np.ndarray]:
+        """The next round's sums, each times the scale its push carried."""
+        factor = self.scale / C.global_process_set.size() if self.average else self.scale
+        arrays = [np.empty(s, dtype=d.as_numpy_dtype) for s, d in zip(self.shapes, self.tf_dtypes)]
+        targets: List[CU.Target] = []
+        for arr, dt, shape, name, prio in zip(
+            arrays, self.dtypes, self.shapes, self.names, self.priorities
+        ):
+            host = E.to_numpy(arr, dt)  # a view: bfloat16 as its bits
+            if host.size:
+                targets.append(
+                    CU.Target(host.ctypes.data, host.nbytes, dt, shape, name, prio, factor)
+                )
+        CU.fetch_round(targets)
+        return arrays
 
 
 class GradientFusion:
@@ -139,9 +195,11 @@ def _direct_starter(
     average: bool,
     plan: Optional[GradientFusion] = None,
     core: Any = None,
+    lags: Optional[CU.RoundLag] = None,
 ) -> Callable[..., E.Work]:
     """Starts the sums, times ``scale`` (and divided by the world's size when it starts,
-    for an average: a graph traced in one world may run in the next, docs/elastic.md)."""
+    for an average: a graph traced in one world may run in the next, docs/elastic.md);
+    their waits report the quorum lag to ``lags``."""
 
     def start(*arrs: np.ndarray) -> E.Work:
         if plan is not None:
@@ -149,7 +207,7 @@ def _direct_starter(
         factor = scale / C.global_process_set.size() if average else scale
         with _api.submission_batch():
             parts = [
-                _Direct(E.to_numpy(a, dt), dt, n, p, factor, core)
+                _Direct(E.to_numpy(a, dt), dt, n, p, factor, core, lags)
                 for a, dt, n, p in zip(arrs, dtypes, names, priorities)
             ]
         return E.Work(parts, lambda res: [E.from_numpy(r, dt) for r, dt in zip(res, dtypes)])
@@ -188,6 +246,11 @@ class GradientReducer:
         # Dense kernels that may travel as sufficient factors (sfb.py); set by the
         # optimizer or tape given model=... under FASTPS_SFB=auto|on.
         self.sfb: Optional[SufficientFactors] = None
+        # Quorum catch-up (the optimizer's, docs/async.md): the direct path's waits report
+        # their lag here, and each reduce call leaves the fetch of its next round (None
+        # when a gradient took another path). None: nobody catches up (the tape).
+        self.lags: Optional[CU.RoundLag] = None
+        self.last_fetch: Optional[RoundFetch] = None
 
     def _group(self, grads: Sequence[Any], variables: Sequence[Any], live: List[int]) -> E.Group:
         group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
@@ -210,6 +273,7 @@ class GradientReducer:
         """
         grads = list(grads)
         n = len(grads)
+        self.last_fetch = None
         if forward_order is None:
             forward_order = list(range(n))
         live = [i for i, g in enumerate(grads) if g is not None]
@@ -271,6 +335,8 @@ class GradientReducer:
             ready.append((i, compressed, ctx))
         if self.sfb is not None:
             self.sfb.drop_pending()  # rows of layers whose gradient is not reduced here
+        if len(ready) == len(live):
+            self.last_fetch = self._round_fetch(ready, names, priority)
         if not ready:
             for i, handle in exchanges:
                 out[i] = handle.synchronize()
@@ -293,6 +359,29 @@ class GradientReducer:
         for i, handle in exchanges:
             out[i] = handle.synchronize()
         return out
+
+    def _round_fetch(
+        self, ready: Sequence[Tuple[int, tf.Tensor, Any]], names: Any, priority: Any
+    ) -> Optional[RoundFetch]:
+        """The catch-up fetch of this call's gradients, when every one of them takes the
+        direct path uncompressed with a static shape (see :class:`RoundFetch`)."""
+        if self.lags is None or not self._direct():
+            return None
+        if self.core is not None or self.compression is not Compression.none:
+            return None
+        if any(not c.dtype.is_floating or not c.shape.is_fully_defined() for _, c, _ in ready):
+            return None
+        order = sorted(i for i, _, _ in ready)
+        by_index = {i: c for i, c, _ in ready}
+        return RoundFetch(
+            order,
+            [names[i] for i in order],
+            [by_index[i].dtype for i in order],
+            [tuple(by_index[i].shape.as_list()) for i in order],
+            [priority[i] for i in order],
+            float(self.prescale_factor) * float(self.postscale_factor),
+            self.op == O.Average,
+        )
 
     def _scale(self) -> float:
         """What the sum of a gradient is multiplied by (Average: divided by the set size,
@@ -395,6 +484,7 @@ class GradientReducer:
                 self.op == O.Average,
                 plan,
                 self.core,
+                self.lags,
             )
         else:
             starter = self._layer_starter(members, dtypes, names, priority)

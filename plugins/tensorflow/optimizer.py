@@ -7,14 +7,17 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Type
 
+import numpy as np
 import tensorflow as tf
+from fastps import api as _api
+from fastps import catch_up as CU
 from fastps.async_mode import async_requested, current_mode
 
 from . import _engine as E
 from . import cross_barrier as CB
 from . import ops as O
 from . import sfb as SFB
-from ._reducer import GradientReducer
+from ._reducer import GradientReducer, RoundFetch
 from .async_optimizer import make_async_optimizer
 from .compression import Compression, Compressor
 from .local_aggregation import LocalAggregation, check_passes
@@ -52,7 +55,9 @@ def _distributed_class(base: Any) -> Any:
             if cb is not None:
                 cb.flush()
             if sync.aggregation is None:
-                return base.apply(self, grads, trainable_variables)
+                result = base.apply(self, grads, trainable_variables)
+                _catch_up(self, base, sync, grads, variables, trainable_variables)
+                return result
             if not self.built:
                 self.build(variables)
             return sync.aggregation.apply_if_reduced(
@@ -67,7 +72,10 @@ def _distributed_class(base: Any) -> Any:
                     return None
             cb.flush()
         if sync.aggregation is None:
-            return base.apply(self, sync.reduce(grads, variables), trainable_variables)
+            reduced = sync.reduce(grads, variables)
+            result = base.apply(self, reduced, trainable_variables)
+            _catch_up(self, base, sync, reduced, variables, trainable_variables)
+            return result
         if not self.built:
             self.build(variables)  # here, not inside the graph branch that updates
         return sync.aggregation.step(
@@ -115,6 +123,68 @@ def _distributed_class(base: Any) -> Any:
     )
     _classes[base] = cls
     return cls
+
+
+def _catch_up(
+    opt: Any,
+    base: Any,
+    sync: OptimizerGradients,
+    reduced: Sequence[Any],
+    variables: List[Any],
+    trainable_variables: Any,
+) -> None:
+    """Quorum rounds (docs/async.md, "Catch-up"; ``fastps.catch_up``): after the answered
+    round, applies the rounds that closed without this worker, as many as the least lag
+    over the gradients says, each fetched from the servers' history and applied with the
+    wrapped optimizer's step, exactly as every other replica applied them. Eagerly a loop;
+    in a graph a ``tf.while_loop`` whose count is read when the step runs (after the sums'
+    waits), each turn one fetch op and the optimizer's update."""
+    plan = sync.catch_up_fetch(variables)
+    if plan is None:
+        return
+    lags = sync.reducer.lags
+    assert lags is not None  # plan is None otherwise
+
+    def with_gaps(fetched: Sequence[Any]) -> List[Any]:
+        grads: List[Any] = [None] * len(variables)
+        for i, g in zip(plan.indices, fetched):
+            grads[i] = g
+        return grads
+
+    def apply_round(fetched: Sequence[Any]) -> None:
+        base.apply(opt, with_gaps(fetched), trainable_variables)
+
+    if E.executing_eagerly():
+        CU.catch_up(
+            lags.take(), lambda: [tf.convert_to_tensor(a) for a in plan.fetch()], apply_round
+        )
+        return
+
+    def take() -> np.ndarray:
+        return np.int64(lags.take())
+
+    # read once the sums' waits (which note the lags) ran
+    with tf.control_dependencies([g for g in reduced if tf.is_tensor(g)]):
+        behind = tf.numpy_function(take, [], tf.int64, stateful=True, name="fastps_catch_up_lag")
+
+    def fetch(turn: Any) -> List[Any]:
+        def run(_turn: Any) -> List[np.ndarray]:
+            return plan.fetch()
+
+        out = tf.numpy_function(
+            run, [turn], plan.tf_dtypes, stateful=True, name="fastps_catch_up_fetch"
+        )
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+        for t, shape in zip(out, plan.shapes):
+            t.set_shape(shape)
+        return out
+
+    def body(turn: Any) -> Any:
+        # the body's outputs wait for its stateful ops (the update): rounds go in turn
+        apply_round(fetch(turn))
+        return turn + 1
+
+    tf.while_loop(lambda turn: turn < behind, body, [tf.constant(0, tf.int64)])
 
 
 def _keras2_class(base: Any) -> Any:
@@ -470,6 +540,9 @@ def _distributed(
         who,
         "local gradient aggregation (backward_passes_per_step > 1)" if passes > 1 else None,
     )
+    if make_class is _distributed_class and _api.is_initialized() and _api.quorum_rounds():
+        # Keras 3 updates catch up on rounds that closed without this worker (_catch_up)
+        reducer.lags = CU.RoundLag()
     grads = OptimizerGradients(reducer, scale_local_gradients, process_set, aggregation)
     for layer in local_layers:
         grads.add_local_layer(layer)
@@ -491,6 +564,9 @@ def _distributed(
             why = "local gradient aggregation (backward_passes_per_step > 1)"
         if why is None and reducer.sfb is not None:
             why = "FASTPS_SFB (a kernel's sum is rebuilt from factors)"
+        if why is None and reducer.lags is not None:
+            # a round is applied whole before the next is fetched (docs/async.md)
+            why = "FASTPS_ROUND_QUORUM (a slow worker catches up on whole rounds)"
         if why is None:
             cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
         else:
@@ -568,6 +644,18 @@ class OptimizerGradients:
             out = self.aggregation.accumulate(grads, variables, self.reduce)
         self._computed = {id(v): v for v in variables}
         return out
+
+    def catch_up_fetch(self, variables: Sequence[Any]) -> Optional[RoundFetch]:
+        """The fetch of the next round of the gradients the last reduction took, when the
+        wrapped update can catch up on rounds (docs/async.md, "Catch-up"): quorum rounds,
+        every gradient of ``variables`` reduced on the direct path (no local variable, no
+        aggregation: a round is applied whole), else None."""
+        if self.reducer.lags is None or self.aggregation is not None:
+            return None
+        plan = self.reducer.last_fetch
+        if plan is None or not self.plain(variables):
+            return None
+        return plan
 
     def take_reduced(self, variables: Sequence[Any]) -> bool:
         """Whether the gradients an apply got come from :meth:`compute` (every variable

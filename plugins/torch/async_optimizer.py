@@ -51,6 +51,9 @@ class _Param:
 class _AsyncState:
     def __init__(self, params: List[_Param]) -> None:
         self.params = params
+        # The core session whose servers hold the parameters: an elastic membership
+        # change brings new servers, which start from rank 0's (restored) parameters.
+        self.session: Any = None
 
     def named(self) -> List[Tuple[str, Any]]:
         return [(p.name, p.host.numpy()) for p in self.params]
@@ -61,6 +64,8 @@ class _AsyncMixin:
 
     def step(self, closure: Any = None) -> Any:
         st = self._fastps_async
+        if st.session is not _async.session():
+            self._fastps_init()
         with torch.no_grad():
             for p in st.params:
                 p.stage()
@@ -79,6 +84,16 @@ class _AsyncMixin:
                 p.load()
         return loss
 
+    def _fastps_init(self) -> None:
+        """The servers of this session start from rank 0's parameters, every worker too."""
+        st = self._fastps_async
+        for p in st.params:
+            p.stage()
+        _async.init_params(st.named())
+        for p in st.params:
+            p.load()
+        st.session = _async.session()
+
     def pull_parameters(self) -> None:
         """Loads the parameters the servers hold (e.g. before a checkpoint on any worker)."""
         st = self._fastps_async
@@ -95,6 +110,7 @@ class _AsyncMixin:
         _async.replace_params(st.named())
         for p in st.params:
             p.load()
+        st.session = _async.session()
 
 
 _AsyncMixin.step.hooked = True  # type: ignore[attr-defined]  # torch wraps the base step

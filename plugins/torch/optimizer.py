@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 from fastps import api as _api
+from fastps import catch_up as _catch_up
 from fastps import collectives as _collectives
 from fastps.compression import default_compressor
 from fastps.elastic import inplace as _inplace
@@ -618,7 +619,7 @@ class _GradientSync:
             if pending and _api.quorum_rounds():
                 # Rounds closed for every gradient (the least lag): the catch-up fetches
                 # them all alike. Any gradient off the fast path: no catch-up (-1).
-                self.behind = max(0, min(e.lag for e in pending))
+                self.behind = _catch_up.least_lag(e.lag for e in pending)
                 self.waited = pending
         self.reset_passes()
         if self.order.learning and self.order.seen:
@@ -655,29 +656,22 @@ class _GradientSync:
         """Catch-up (docs/async.md): writes into each gradient the sum of its next round,
         which closed without this worker, from the servers' history (nothing is pushed or
         counted); returns how many rounds closed after that one, the least over them."""
-        hids = []
-        try:
-            for e in self.waited:
-                g = e.param.grad
-                assert g is not None and g.is_contiguous()  # the fast path pushed it
-                hids.append(
-                    (
-                        e,
-                        _api.push_pull_inplace_id(
-                            g.data_ptr(),
-                            g.numel() * g.element_size(),
-                            _FAST_DTYPES[g.dtype],
-                            tuple(g.shape),
-                            e.name,
-                            self.priority(e),
-                            self.scale,
-                            fetch=True,
-                        ),
-                    )
+        targets: List[_catch_up.Target] = []
+        for e in self.waited:
+            g = e.param.grad
+            assert g is not None and g.is_contiguous()  # the fast path pushed it
+            targets.append(
+                _catch_up.Target(
+                    g.data_ptr(),
+                    g.numel() * g.element_size(),
+                    _FAST_DTYPES[g.dtype],
+                    tuple(g.shape),
+                    e.name,
+                    self.priority(e),
+                    self.scale,
                 )
-        finally:
-            lags = [_api.wait_id(hid, e.name) for e, hid in hids]
-        return min(lags) if lags else 0
+            )
+        return _catch_up.fetch_round(targets)
 
     def _set_fast_path(self) -> None:
         """Whether gradients may take the fast path, and the factor the core applies to
@@ -785,12 +779,19 @@ class _DistributedMixin:
         # whose link cannot carry the sums as fast as rounds close would chase them for
         # good and never compute a gradient again.
         behind, sync.behind = sync.behind, 0
-        for _ in range(behind):
-            started = _tl.start()
-            sync.fetch_next_round()
-            super().step()  # type: ignore[misc]
-            sync.rounds += 1
-            _tl.end("caught up a round", f"{len(sync.waited)} gradients", started)
+        if behind:
+
+            def fetch() -> int:
+                started = _tl.start()
+                sync.fetch_next_round()
+                return started
+
+            def apply(started: int) -> None:
+                super(_DistributedMixin, self).step()  # type: ignore[misc]
+                sync.rounds += 1
+                _tl.end("caught up a round", f"{len(sync.waited)} gradients", started)
+
+            _catch_up.catch_up(behind, fetch, apply)
         if sync.active:
             freeze_once()  # the long-lived heap exists now (heap.py)
         return result

@@ -99,6 +99,48 @@ def test_killed_worker_training_finishes_smaller(tmp_path, subprocess_env):
 
 
 @pytest.mark.slow
+def test_async_training_survives_a_killed_worker(tmp_path, subprocess_env):
+    """Async mode (docs/async.md): the servers keep the parameters, and a membership change
+    brings a generation with new servers, which hold none. The optimizer starts them again
+    from rank 0's restored parameters at its first step in the new generation; before, every
+    update of the new generation failed ("before rank 0 set its initial parameters") and the
+    job reset until it gave up. The sums are not compared with a reference: async workers
+    apply each other's deltas, not an average."""
+    _, script = _discovery(tmp_path, "localhost:3")
+    steps = 16
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        [
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            str(script),
+            "--elastic-timeout",
+            "60",
+            "--num-servers",
+            "1",
+            "--reset-limit",
+            "3",
+        ],
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": "localhost:0@6@backward",
+            "FASTPS_MODE": "async",
+            "FASTPS_STALENESS": "0",
+        },
+    )
+    assert proc.returncode == 0, _show(proc)
+    sizes = sizes_by_step(proc.stdout)
+    assert sizes[1] == 3 and sizes[steps] == 2, sizes
+    assert "generation 1: 2 workers" in proc.stderr and "generation 2" not in proc.stderr
+    assert out["size"] == 2
+    assert all(abs(x) < 1e6 for p in out["params"] for x in p), out
+
+
+@pytest.mark.slow
 def test_two_failures_in_a_row_and_failure_during_commit(tmp_path, subprocess_env):
     _, script = _discovery(tmp_path, "localhost:4")
     steps = 24
