@@ -350,6 +350,9 @@ class Op:
         self._finished = False
         self._result: Any = None
         self._lock = threading.Lock()
+        # Guards _parts against the data stage still adding to them as the caller gives up.
+        self._parts_lock = threading.Lock()
+        self._given_up = False
 
     # Called on the scheduler connection's receiver thread (or inline without one).
     def _fail(self, exc: BaseException) -> None:
@@ -405,9 +408,20 @@ class Op:
                 raise
             finally:
                 self._finished = True
-                self._parts = []
+                self._give_up_parts()
                 _release(self)
             return self._result
+
+    def _give_up_parts(self) -> None:
+        """Nobody waits for this op's parts any more (it finished, failed or timed out):
+        those still moving are handed to the core-side sweep (``Handle.abandon``), which
+        keeps their buffers until the core is done with them without blocking this thread;
+        parts the data stage adds later follow them (``_start``)."""
+        with self._parts_lock:
+            parts, self._parts = self._parts, []
+            self._given_up = True
+        for part in parts:
+            part.abandon()
 
     wait = synchronize
 
@@ -473,6 +487,14 @@ def _start(
                 else CollectiveError(f"op '{name}': {type(exc).__name__}: {exc}")
             )
             return
+        finally:
+            # The caller gave up (a timeout, possibly as the gather completed: then this
+            # is the withdrawn announcement's completion, ControlClient.withdraw): the
+            # data still moves, since the other members count on this worker's parts.
+            with op._parts_lock:
+                late = op._given_up
+            if late:
+                op._give_up_parts()
         op._coordinated.set()
 
     try:
