@@ -547,6 +547,8 @@ class Handle:
             st.abandoned.append(self)
         self._done = True  # __del__ no longer waits; the sweep finishes it
 
+    give_up = abandon  # the name the collectives' group handles call (collectives.give_up)
+
     def _finish_abandoned(self) -> bool:
         """True once the core finished an abandoned handle (its id is then released)."""
         assert self._id is not None

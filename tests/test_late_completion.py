@@ -32,6 +32,7 @@ def test_withdrawn_op_whose_gather_completed_still_moves_its_data() -> None:
     for rank in (0, 1):
         assert f"rank {rank} LATE OK" in res.stdout, out[-6000:]
         assert f"rank {rank} ABANDON OK" in res.stdout, out[-6000:]
+        assert f"rank {rank} GIVE UP OK" in res.stdout, out[-6000:]
     assert "did not start" not in res.stdout  # rank 1's op never missed rank 0's data
 
 

@@ -9,7 +9,8 @@ descheduled thread), so rank 0's 0.3 s wait runs out and it withdraws. Rank 1, w
 the completion, moves its data: it must finish (rank 0 still contributes its rows) instead
 of waiting for parts rank 0 never sends. Afterwards both ranks run more ops, so the job
 stays usable. Prints ``rank R LATE OK``; then ``rank R ABANDON OK`` once a push_pull
-dropped unfinished was released without blocking the thread that dropped it."""
+dropped unfinished was released without blocking the thread that dropped it; then
+``rank R GIVE UP OK`` once a group given up part-way left nothing in flight or waiting."""
 
 from __future__ import annotations
 
@@ -92,5 +93,31 @@ while api.sweep_abandoned() and time.monotonic() < deadline:
     time.sleep(0.01)
 assert api.sweep_abandoned() == 0
 print(f"rank {rank} ABANDON OK", flush=True)
+
+# A group whose wait failed part-way (a plugin's group handle) gives up its members: they
+# leave the names in flight, their data still moves for the peers, and once the core is
+# done nothing stays "waiting" for the stall inspector (unpolled members of such groups
+# were its "waited N s although every rank submitted it" reports, issue 13).
+xs = [np.full(4, float(rank + 1 + k), np.float32) for k in range(3)]
+if rank == 1:
+    ops = C.grouped_allreduce_async(xs, ["float32"] * 3, "grp", C.ReduceOp.SUM)
+    C.allreduce_async(np.ones(1, np.float32), "float32", "meet.grp").synchronize()
+    for k, o in enumerate(ops):
+        assert np.all(o.synchronize(timeout=10 + DELAY_S) == 3.0 + 2 * k)
+else:
+    C.allreduce_async(np.ones(1, np.float32), "float32", "meet.grp").synchronize()
+    ops = C.grouped_allreduce_async(xs, ["float32"] * 3, "grp", C.ReduceOp.SUM)
+    C.give_up(ops)
+    assert not [key for key in C._sess().inflight if key[1].startswith("grp")]
+C.allreduce_async(np.ones(1, np.float32), "float32", "meet.grp.done").synchronize()
+stall = api._st().stall
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and (
+    api.sweep_abandoned() or (stall is not None and any("grp" in n for n in stall.in_flight()))
+):
+    time.sleep(0.01)
+assert api.sweep_abandoned() == 0
+assert stall is None or not [n for n in stall.in_flight() if "grp" in n], stall.in_flight()
+print(f"rank {rank} GIVE UP OK", flush=True)
 C.end_session()
 fastps.shutdown()
