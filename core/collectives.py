@@ -583,8 +583,17 @@ def _check_records(name: str, ps: ProcessSet, records: List[Optional[Dict[str, A
             if get(rec) != get(first):
                 raise CollectiveError(
                     f"op '{name}': mismatched {what}: rank {r0} has {get(first)!r}, "
-                    f"rank {r} has {get(rec)!r}"
+                    f"rank {r} has {get(rec)!r}{hint}"
                 )
+
+    # Anonymous ops pair by call order: after an op that one rank gave up (a timeout, an
+    # interrupted test) or skipped, the ranks pair different calls.
+    hint = (
+        " (an anonymous op: if the ranks' calls no longer line up, an earlier op may have "
+        "been given up or skipped on one rank only; name ops to pair them by name)"
+        if name.startswith("noname.")
+        else ""
+    )
 
     differ("operation", lambda rec: rec.get("k"))
     kind = first.get("k")
