@@ -68,6 +68,11 @@ class _State:
         # push_pulls submitted in this session: in-place replacement (elastic/inplace.py)
         # tells its step's own from the program's other collectives since a commit.
         self.submitted = 0
+        # Handles nobody waits for any more (Handle.abandon): what they keep alive, until
+        # the core finishes them. Reentrant: a finalizer may abandon while its thread
+        # holds it.
+        self.abandoned: List[Handle] = []
+        self.abandoned_lock = threading.RLock()
 
 
 _state: Optional[_State] = None
@@ -532,13 +537,46 @@ class Handle:
 
     wait = synchronize
 
+    def abandon(self) -> None:
+        """Nobody will wait for this push_pull (its op timed out or was given up): it is
+        kept, with the buffers the core may still write into, until the core finishes it
+        (``sweep_abandoned``), without blocking any thread. A part the other workers never
+        push stays in flight, and the stall inspector keeps naming it."""
+        st = self._st
+        if self._done or _state is not st:
+            return
+        try:
+            self._started()
+        except BaseException:  # noqa: BLE001 - it never started: nothing to keep
+            self._settled()
+            self._done = True
+            return
+        with st.abandoned_lock:
+            st.abandoned.append(self)
+        self._done = True  # __del__ no longer waits; the sweep finishes it
+
+    give_up = abandon  # the name the collectives' group handles call (collectives.give_up)
+
+    def _finish_abandoned(self) -> bool:
+        """True once the core finished an abandoned handle (its id is then released)."""
+        assert self._id is not None
+        worker = self._st.worker
+        try:
+            if not worker.poll(self._id):
+                return False
+            worker.wait(self._id, 1.0)  # done already: releases the core's handle
+        except Exception as exc:  # noqa: BLE001 - nobody waits for its error
+            log.debug("abandoned push_pull of %r ended with %s", self.name, exc)
+        self._keep = []
+        self._settled()
+        return True
+
     def __del__(self) -> None:
-        # The core may still write into the memory this handle keeps alive.
+        # The core may still write into the memory this handle keeps alive: hand it to
+        # the sweep instead of waiting here, in whichever thread drops it (a blocking wait
+        # there held the control receiver or the caller for the op timeout per handle).
         if not self._done and self._id is not None and _state is self._st:
-            try:
-                self.synchronize()
-            except Exception:  # noqa: BLE001 - nobody can receive it any more
-                pass
+            self.abandon()
 
 
 class _Batch:
@@ -680,6 +718,19 @@ def auto_name(prefix: str) -> str:
     return f"{prefix}.noname.{next(_st().names)}"
 
 
+def sweep_abandoned() -> int:
+    """Releases the abandoned handles the core has finished; returns how many remain."""
+    st = _state
+    if st is None:
+        return 0
+    with st.abandoned_lock:
+        pending, st.abandoned = st.abandoned, []
+    left = [h for h in pending if not h._finish_abandoned()]
+    with st.abandoned_lock:
+        st.abandoned[:0] = left
+        return len(st.abandoned)
+
+
 def push_pull_raw(
     in_buf: RawBuffer,
     out_buf: RawBuffer,
@@ -705,6 +756,8 @@ def push_pull_raw(
     else an exchange with the parameters the servers keep (docs/async.md). ``compression``: a
     :class:`fastps.Compression` choice (docs/compression.md); None: uncompressed."""
     st = _st()
+    if st.abandoned:
+        sweep_abandoned()
     spec = _compression.spec_for(compression, name, in_buf.nbytes, in_buf.dtype)
     if in_buf.nbytes != out_buf.nbytes or in_buf.dtype != out_buf.dtype:
         raise FastPSError(

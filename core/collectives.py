@@ -350,6 +350,9 @@ class Op:
         self._finished = False
         self._result: Any = None
         self._lock = threading.Lock()
+        # Guards _parts against the data stage still adding to them as the caller gives up.
+        self._parts_lock = threading.Lock()
+        self._given_up = False
 
     # Called on the scheduler connection's receiver thread (or inline without one).
     def _fail(self, exc: BaseException) -> None:
@@ -398,16 +401,47 @@ class Op:
                     raise self._error
                 deadline = time.monotonic() + limit
                 for part in self._parts:
-                    _wait_part(self.name, part, deadline, limit)
+                    _wait_part(self, part, deadline, limit)
                 self._result = self._finish() if self._finish else None
             except BaseException as exc:
                 self._error = exc
                 raise
             finally:
                 self._finished = True
-                self._parts = []
+                self._give_up_parts()
                 _release(self)
             return self._result
+
+    def give_up(self) -> None:
+        """The caller will not synchronize this op (another op of its group failed or was
+        interrupted): it leaves the names in flight, an announcement not yet gathered is
+        withdrawn, and parts still moving go to the sweep (``Handle.abandon``), so nothing
+        is left waiting that nobody will ever poll. No-op once finished or while another
+        thread synchronizes it."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._finished:
+                return
+            self._wait_coordinated(0.0)
+            if self._error is None:
+                self._error = CollectiveError(f"op '{self.name}' was given up by its caller")
+            self._finished = True
+            self._give_up_parts()
+            _release(self)
+        finally:
+            self._lock.release()
+
+    def _give_up_parts(self) -> None:
+        """Nobody waits for this op's parts any more (it finished, failed or timed out):
+        those still moving are handed to the core-side sweep (``Handle.abandon``), which
+        keeps their buffers until the core is done with them without blocking this thread;
+        parts the data stage adds later follow them (``_start``)."""
+        with self._parts_lock:
+            parts, self._parts = self._parts, []
+            self._given_up = True
+        for part in parts:
+            part.abandon()
 
     wait = synchronize
 
@@ -415,15 +449,30 @@ class Op:
         return f"<fastps Op {self.name!r} {'done' if self._finished else 'running'}>"
 
 
-def _wait_part(name: str, part: Any, deadline: float, limit: float) -> None:
+def give_up(waitables: Sequence[Any]) -> None:
+    """``give_up`` on each of a group's members that has it (layer ops, plugin handles):
+    for a group handle whose wait failed part-way, so its other members do not stay in
+    flight unpolled."""
+    for w in waitables:
+        stop = getattr(w, "give_up", None)
+        if stop is not None:
+            stop()
+
+
+def _wait_part(op: Op, part: Any, deadline: float, limit: float) -> None:
     """Waits for a core handle in short sleeps, so signals (Ctrl-C, test timeouts) reach
     the caller, and a wait past the limit fails this op without aborting the job."""
     pause = 20e-6
     while not part.poll():
         if time.monotonic() > deadline:
+            waiting = [p.name for p in op._parts if not p.poll()]
+            shown = ", ".join(f"'{n}'" for n in waiting[:4]) + (", ..." if waiting[4:] else "")
             raise FastPSTimeoutError(
-                f"op '{name}' did not complete within {limit:g} s: another rank may not have "
-                "called it"
+                f"op '{op.name}' of {op.process_set!r} did not complete within {limit:g} s: "
+                f"{len(waiting)} of its {len(op._parts)} data-plane tensors still wait "
+                f"({shown}); every member announced it, so another member did not push its "
+                "share (its op failed or gave up there); the stall inspector names the "
+                "missing ranks after FASTPS_STALL_WARNING_S"
             )
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
@@ -473,6 +522,14 @@ def _start(
                 else CollectiveError(f"op '{name}': {type(exc).__name__}: {exc}")
             )
             return
+        finally:
+            # The caller gave up (a timeout, possibly as the gather completed: then this
+            # is the withdrawn announcement's completion, ControlClient.withdraw): the
+            # data still moves, since the other members count on this worker's parts.
+            with op._parts_lock:
+                late = op._given_up
+            if late:
+                op._give_up_parts()
         op._coordinated.set()
 
     try:
@@ -526,8 +583,17 @@ def _check_records(name: str, ps: ProcessSet, records: List[Optional[Dict[str, A
             if get(rec) != get(first):
                 raise CollectiveError(
                     f"op '{name}': mismatched {what}: rank {r0} has {get(first)!r}, "
-                    f"rank {r} has {get(rec)!r}"
+                    f"rank {r} has {get(rec)!r}{hint}"
                 )
+
+    # Anonymous ops pair by call order: after an op that one rank gave up (a timeout, an
+    # interrupted test) or skipped, the ranks pair different calls.
+    hint = (
+        " (an anonymous op: if the ranks' calls no longer line up, an earlier op may have "
+        "been given up or skipped on one rank only; name ops to pair them by name)"
+        if name.startswith("noname.")
+        else ""
+    )
 
     differ("operation", lambda rec: rec.get("k"))
     kind = first.get("k")

@@ -222,6 +222,10 @@ class ControlClient:
         self._early: List[Dict[str, Any]] = []
         # (process set id, op name) -> callback for the gather's completion (coordinate())
         self._coords: Dict[Tuple[int, str], Callable[[Dict[str, Any]], None]] = {}
+        # Withdrawn announcements the scheduler has not acknowledged yet, per key, oldest
+        # first: [withdraw number, callback (None once a late completion used it)].
+        self._withdrawn: Dict[Tuple[int, str], List[List[Any]]] = {}
+        self._withdraw_seq = 0
         self._unsolicited: Optional[Callable[[Dict[str, Any]], None]] = None
         self._clock_seq = 0
         self._handlers: Dict[str, Callable[[Dict[str, Any]], None]] = {}
@@ -564,11 +568,22 @@ class ControlClient:
             raise
 
     def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> None:
-        """Takes back this worker's announcement of ``name`` (its wait was cut short); a
-        completion that arrives anyway is dropped."""
+        """Takes back this worker's announcement of ``name`` (its wait was cut short).
+
+        The scheduler may have completed the gather already, its completion still on the
+        way: then the other members are moving their data and wait for this worker's.
+        So the callback stays until the scheduler acknowledges the withdrawal
+        (``coord_withdrawn``); a completion read before that is the withdrawn one's (the
+        scheduler answers in order) and still goes to the callback, which moves this
+        worker's data for an op nobody here waits for any more."""
+        key = (int(set_id), name)
         with self._cv:
-            if self._coords.pop((int(set_id), name), None) is None:
+            done = self._coords.pop(key, None)
+            if done is None:
                 return  # completed meanwhile
+            self._withdraw_seq += 1
+            seq = self._withdraw_seq
+            self._withdrawn.setdefault(key, []).append([seq, done])
         try:
             self._send(
                 {
@@ -577,10 +592,20 @@ class ControlClient:
                     "ranks": [int(r) for r in ranks],
                     "name": name,
                     "withdraw": True,
+                    "seq": seq,
                 }
             )
         except FastPSError:
-            pass  # the connection is gone: nothing left to take back
+            with self._cv:  # the connection is gone: nothing left to take back
+                self._forget_withdrawn(key, seq)
+
+    def _forget_withdrawn(self, key: Tuple[int, str], seq: int) -> None:
+        """Drops withdrawal ``seq`` of ``key`` (``_cv`` held)."""
+        pending = [w for w in self._withdrawn.get(key, []) if w[0] != seq]
+        if pending:
+            self._withdrawn[key] = pending
+        else:
+            self._withdrawn.pop(key, None)
 
     def forget_set(self, set_id: int, ranks: Sequence[int]) -> None:
         """Drops the scheduler's pending gathers of a removed process set."""
@@ -664,6 +689,7 @@ class ControlClient:
             self._abort_reason = reason
             cbs, self._abort_cbs = self._abort_cbs, []
             coords, self._coords = self._coords, {}
+            self._withdrawn = {}  # their callers gave up already: nobody to tell
             self._cv.notify_all()
         log.info("fastps job aborted: %s", reason)
         for cb in cbs:
@@ -739,7 +765,14 @@ class ControlClient:
         elif kind == "coord_done":
             key = (int(msg.get("set", -1)), str(msg.get("name")))
             with self._cv:
-                done = self._coords.pop(key, None)
+                late = self._withdrawn.get(key)
+                if late and late[0][1] is not None:
+                    # The gather completed before the scheduler read this worker's
+                    # withdrawal: the others move their data, so this worker must too.
+                    done, late[0][1] = late[0][1], None
+                    log.info("op %r completed as this worker withdrew it; moving its data", key[1])
+                else:
+                    done = self._coords.pop(key, None)
             if done is None and not msg.get("error"):
                 done = self._unsolicited
             if done is None:
@@ -749,6 +782,10 @@ class ControlClient:
                 done(msg)
             except Exception:  # noqa: BLE001 - the receiver thread must keep running
                 log.exception("coordination callback for op %r failed", key[1])
+        elif kind == "coord_withdrawn":
+            with self._cv:
+                key = (int(msg.get("set", -1)), str(msg.get("name")))
+                self._forget_withdrawn(key, int(msg.get("seq", -1)))
         elif kind == "shutdown":
             with self._cv:
                 if self._shutdown:

@@ -818,6 +818,10 @@ class Scheduler:
             return
         if msg.get("withdraw"):
             self._coordinator.withdraw(set_id, name, conn.node_id)
+            # In order after any completion of the gather it left: from then on the
+            # worker knows no completion of its withdrawn announcement is on the way.
+            ack = {"type": "coord_withdrawn", "set": set_id, "name": name}
+            self._send(conn, {**ack, "seq": msg["seq"] if _is_int(msg.get("seq")) else -1})
             return
         done, error = self._coordinator.announce(
             set_id, ranks, name, conn.node_id, msg.get("record")

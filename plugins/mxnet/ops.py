@@ -235,10 +235,19 @@ class MXHandle:
                 self._result = finish()
             except BaseException as exc:
                 self._error = exc
+                C.give_up(self._parts)  # the members not waited for yet
                 raise
             finally:
                 self._parts, self._keep = [], []
         return self._result
+
+    def give_up(self) -> None:
+        """Nobody will synchronize this handle (its group's wait failed): its members
+        leave the names in flight and their parts go to the sweep (``Op.give_up``)."""
+        if self._finish is not None:
+            self._finish = None
+            self._error = C.CollectiveError(f"'{self.name}' was given up by its caller")
+            C.give_up(self._parts)
 
     wait = synchronize
 

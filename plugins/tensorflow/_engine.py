@@ -180,8 +180,18 @@ class Work:
         return all(op.poll() for op in self._ops)
 
     def synchronize(self, timeout: Optional[float] = None) -> List[np.ndarray]:
-        """The output arrays; each op waits at most ``timeout`` (default: the op timeout)."""
-        return call(lambda: self._finish([op.synchronize(timeout) for op in self._ops]))
+        """The output arrays; each op waits at most ``timeout`` (default: the op timeout).
+        If one fails (or a signal interrupts the wait), the others are given up."""
+
+        def wait_all() -> List[np.ndarray]:
+            try:
+                results = [op.synchronize(timeout) for op in self._ops]
+            except BaseException:
+                C.give_up(self._ops)
+                raise
+            return self._finish(results)
+
+        return call(wait_all)
 
 
 def op_name(prefix: str, name: str) -> str:
