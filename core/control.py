@@ -563,12 +563,12 @@ class ControlClient:
                 self._coords.pop(key, None)
             raise
 
-    def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> None:
+    def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> bool:
         """Takes back this worker's announcement of ``name`` (its wait was cut short); a
-        completion that arrives anyway is dropped."""
+        completion that arrives anyway is dropped. False if it had completed already."""
         with self._cv:
             if self._coords.pop((int(set_id), name), None) is None:
-                return  # completed meanwhile
+                return False  # completed meanwhile
         try:
             self._send(
                 {
@@ -581,6 +581,7 @@ class ControlClient:
             )
         except FastPSError:
             pass  # the connection is gone: nothing left to take back
+        return True
 
     def forget_set(self, set_id: int, ranks: Sequence[int]) -> None:
         """Drops the scheduler's pending gathers of a removed process set."""
