@@ -15,10 +15,9 @@ import sys
 import time
 from typing import Any, Callable
 
+import fastps.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-
-import fastps.tensorflow as hvd
 
 
 class Interrupted(Exception):
