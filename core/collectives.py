@@ -433,7 +433,9 @@ class Op:
                 raise
             finally:
                 self._finished = True
-                self._parts = []
+                parts, self._parts = self._parts, []
+                if self._error is not None:
+                    _keep_until_done(parts)
                 _release(self)
                 self._count_end()
             return self._result
@@ -457,6 +459,40 @@ def _wait_part(name: str, part: Any, deadline: float, limit: float) -> None:
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
     part.synchronize(limit)
+
+
+_left_parts: List[Any] = []
+_left_parts_cv = threading.Condition()
+_left_parts_thread: Optional[threading.Thread] = None
+
+
+def _keep_until_done(parts: Sequence[Any]) -> None:
+    """Parts of an op that failed or gave up may still be written by the core; dropping
+    them here would wait for that in their ``__del__`` (up to the op timeout each) on the
+    caller's thread, which in a TF1 graph is the one thread that settles every pending op
+    of the process. One daemon thread keeps them alive and waits for them instead."""
+    global _left_parts_thread
+    with _left_parts_cv:
+        _left_parts.extend(parts)
+        if _left_parts_thread is None or not _left_parts_thread.is_alive():
+            _left_parts_thread = threading.Thread(
+                target=_wait_left_parts, name="fastps-left-parts", daemon=True
+            )
+            _left_parts_thread.start()
+        _left_parts_cv.notify()
+
+
+def _wait_left_parts() -> None:
+    while True:
+        with _left_parts_cv:
+            while not _left_parts:
+                _left_parts_cv.wait()
+            part = _left_parts.pop(0)
+        try:
+            part.synchronize()  # bounded by the op timeout
+        except Exception as exc:  # noqa: BLE001 - its op has already failed
+            log.debug("a part left by a failed op ended with %s", exc)
+        del part
 
 
 def _withdraw_siblings(op: Op) -> None:
