@@ -86,7 +86,7 @@ def _keras2_class() -> Any:
     ``_calculate_mean_and_var``)."""
     import tf_keras
 
-    class SyncBatchNormalization(tf_keras.layers.BatchNormalization):  # type: ignore[misc,name-defined]
+    class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
         __doc__ = _Keras3SyncBatchNormalization.__doc__
 
         def __init__(
