@@ -183,20 +183,9 @@ def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name for a factory
     """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers``
     (Keras layers, e.g. a model-parallel part) local: they are not reduced and, with
     ``scale_local_gradients``, are divided by the set size like the averaged ones."""
-    import keras
+    from .optimizer import _layers  # Keras 3 or Keras 2 (tf_keras) layers, checked
 
-    if local_layers is None:
-        layers: List[Any] = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        layers = [local_layers]
-    else:
-        layers = list(local_layers)
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, keras.layers.Layer):
-                raise ValueError(
-                    f"local_layers[{i}] is a {type(layer).__name__}; every local layer must be "
-                    "a keras.layers.Layer"
-                )
+    layers: List[Any] = _layers(local_layers)
     tape = DistributedGradientTape(
         gradtape,
         device_dense,
