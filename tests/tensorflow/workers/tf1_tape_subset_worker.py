@@ -44,6 +44,11 @@ if KERAS2:
     local = tape.gradient(loss, weights)
     tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.layers[0]])
     n_local = len(model.layers[0].trainable_weights)
+    # A tf_keras variable's ``value`` is a method, a new object per access: registering
+    # by its id let later objects (another variable's) take that id and pass as local.
+    for w in weights[n_local:]:
+        tape.register_local_source(weights[0])
+        assert not tape._is_local(w), w.name
 else:
     weights = [
         tf.compat.v1.Variable(tf.fill([3, 2], float(rank + 1)), use_resource=True),
