@@ -81,6 +81,11 @@ class _Keras3SyncBatchNormalization(keras.layers.BatchNormalization):
         return _global_moments(inputs, self._reduction_axes, mask, False, self._process_set)
 
 
+# Keras names layers after their class ("sync_batch_normalization_2"), Horovod's name.
+_Keras3SyncBatchNormalization.__name__ = "SyncBatchNormalization"
+_Keras3SyncBatchNormalization.__qualname__ = "SyncBatchNormalization"
+
+
 def _keras2_class() -> Any:
     """The same layer on Keras 2's ``BatchNormalization`` (its statistics come from
     ``_calculate_mean_and_var``)."""
