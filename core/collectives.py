@@ -27,7 +27,6 @@ How an op runs (``docs/architecture.md``, "Collectives"):
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import pickle
 import threading
@@ -37,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import adasum, api
+from .anon_names import Numbering, number_of
 from .buffers import raw_buffer
 from .compression import spec_for as compression_spec_for
 from .coordinator import JOIN
@@ -330,8 +330,20 @@ def _op_name(ps: ProcessSet, name: Optional[str]) -> str:
         return name
     s = _sess()
     with s.lock:
-        counter = s.counters.setdefault(ps.sid, itertools.count())
-        return f"noname.{next(counter)}"
+        counter = s.counters.setdefault(ps.sid, Numbering())
+    return f"noname.{counter.take()}"
+
+
+def _numbering(s: _Session, ps: ProcessSet, name: str) -> Optional[Tuple[Numbering, int]]:
+    """The counter that numbered the anonymous op ``name``, and its number."""
+    numbered = number_of(name)
+    if numbered is None:
+        return None
+    kind, number = numbered
+    key: Any = ps.sid if kind == "noname" else ("barrier", ps.sid)
+    with s.lock:
+        counter = s.counters.get(key)
+    return None if counter is None else (counter, number)
 
 
 # --------------------------------------------------------------------------- ops
@@ -353,6 +365,17 @@ class Op:
         # Guards _parts against the data stage still adding to them as the caller gives up.
         self._parts_lock = threading.Lock()
         self._given_up = False
+        self._numbered: Optional[Tuple[Numbering, int]] = None  # anonymous ops
+        self._withdrawn = False  # announcement taken back before it coordinated
+        self._counted = False
+
+    def _count_end(self) -> None:
+        """Tells the numbering this op ended (once): its number was used by every rank
+        unless this rank withdrew it (core/anon_names.py)."""
+        if self._numbered is not None and not self._counted:
+            self._counted = True
+            counter, number = self._numbered
+            counter.finished(number, self._withdrawn)
 
     # Called on the scheduler connection's receiver thread (or inline without one).
     def _fail(self, exc: BaseException) -> None:
@@ -369,7 +392,11 @@ class Op:
             if not done and not self._coordinated.is_set():
                 client = api._st().client
                 if client is not None:
-                    client.withdraw(self.process_set.sid, self.process_set.ranks, self.name)
+                    self._withdrawn = client.withdraw(
+                        self.process_set.sid, self.process_set.ranks, self.name
+                    )
+                    if self._withdrawn and self._numbered is not None:
+                        _withdraw_siblings(self)
         return done
 
     def poll(self) -> bool:
@@ -382,6 +409,7 @@ class Op:
         done = all(p.poll() for p in self._parts)
         if done:
             _release(self)
+            self._count_end()
         return done
 
     def synchronize(self, timeout: Optional[float] = None) -> Any:
@@ -410,6 +438,7 @@ class Op:
                 self._finished = True
                 self._give_up_parts()
                 _release(self)
+                self._count_end()
             return self._result
 
     def give_up(self) -> None:
@@ -429,6 +458,7 @@ class Op:
             self._finished = True
             self._give_up_parts()
             _release(self)
+            self._count_end()
         finally:
             self._lock.release()
 
@@ -479,6 +509,39 @@ def _wait_part(op: Op, part: Any, deadline: float, limit: float) -> None:
     part.synchronize(limit)
 
 
+def _withdraw_siblings(op: Op) -> None:
+    """The wait for one part of an anonymous group was cut short before it coordinated:
+    the group's other parts (same number) are withdrawn too and fail, so that the number
+    can be given back (core/anon_names.py) rather than held by parts nobody waits for."""
+    s = _session
+    client = api._st().client
+    if s is None or client is None or op._numbered is None:
+        return
+    number = op._numbered[1]
+    with s.lock:
+        siblings = [
+            o
+            for (sid, _), o in s.inflight.items()
+            if sid == op.process_set.sid
+            and o is not op
+            and o._numbered is not None
+            and o._numbered[0] is op._numbered[0]
+            and o._numbered[1] == number
+            and not o._coordinated.is_set()
+        ]
+    for sib in siblings:
+        if client.withdraw(sib.process_set.sid, sib.process_set.ranks, sib.name):
+            sib._withdrawn = True
+            sib._fail(
+                FastPSTimeoutError(
+                    f"op '{sib.name}' was withdrawn: the wait for '{op.name}' of the same "
+                    "group was cut short before every member called it"
+                )
+            )
+            _release(sib)
+            sib._count_end()
+
+
 def _release(op: Op) -> None:
     s = _session
     if s is None:
@@ -508,6 +571,9 @@ def _start(
                 f"({ps!r}); names must be unique among running ops"
             )
         s.inflight[key] = op
+    op._numbered = _numbering(s, ps, name)
+    if op._numbered is not None:
+        op._numbered[0].started(op._numbered[1])
 
     def done(msg: Dict[str, Any]) -> None:
         if "error" in msg:
@@ -536,6 +602,8 @@ def _start(
         _announce(ps, name, record, done)
     except BaseException:
         _release(op)
+        op._withdrawn = True  # never announced
+        op._count_end()
         raise
     return op
 
@@ -1219,8 +1287,8 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
     ps = _registered(process_set)
     s = _sess()
     with s.lock:  # own numbering: a rank that stood in for others' ops has the same count
-        counter = s.counters.setdefault(("barrier", ps.sid), itertools.count())
-        name = f"barrier.{next(counter)}"
+        counter = s.counters.setdefault(("barrier", ps.sid), Numbering())
+    name = f"barrier.{counter.take()}"
     _run_control_op(ps, name, {"k": "barrier"})
 
 
@@ -1285,9 +1353,8 @@ def _skip_name(s: _Session, ps: ProcessSet, name: str) -> None:
     if prefix != "noname" or not number.isdigit():
         return
     with s.lock:
-        counter = s.counters.get(ps.sid)
-        current = next(counter) if counter is not None else 0
-        s.counters[ps.sid] = itertools.count(max(current, int(number) + 1))
+        counter = s.counters.setdefault(ps.sid, Numbering())
+    counter.skip_past(int(number))
 
 
 def _stand_in(s: _Session, ps: ProcessSet, msg: Dict[str, Any]) -> None:

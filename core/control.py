@@ -48,6 +48,9 @@ log = logging.getLogger("fastps.control")
 MAX_FRAME = 16 << 20  # process-set collectives relay their data through the scheduler
 HEADER = struct.Struct(">I")
 AUTH_STEP_TIMEOUT = 10.0
+_RECV_THREAD = "fastps-control-receiver"
+# How long a withdrawal waits for the scheduler to say whether the op had completed.
+_WITHDRAW_ACK_S = 10.0
 
 
 class _Busy(FastPSError):
@@ -567,23 +570,28 @@ class ControlClient:
                 self._coords.pop(key, None)
             raise
 
-    def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> None:
+    def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> bool:
         """Takes back this worker's announcement of ``name`` (its wait was cut short).
+        True when the op is withdrawn everywhere, so its name was used by no rank
+        (core/anon_names.py gives an anonymous op's number back then); False when it
+        completed anyway.
 
         The scheduler may have completed the gather already, its completion still on the
         way: then the other members are moving their data and wait for this worker's.
         So the callback stays until the scheduler acknowledges the withdrawal
         (``coord_withdrawn``); a completion read before that is the withdrawn one's (the
         scheduler answers in order) and still goes to the callback, which moves this
-        worker's data for an op nobody here waits for any more."""
+        worker's data for an op nobody here waits for any more. Waiting for that answer
+        (bounded; never on the receiver thread, which delivers it) tells the two apart."""
         key = (int(set_id), name)
         with self._cv:
             done = self._coords.pop(key, None)
             if done is None:
-                return  # completed meanwhile
+                return False  # completed meanwhile
             self._withdraw_seq += 1
             seq = self._withdraw_seq
-            self._withdrawn.setdefault(key, []).append([seq, done])
+            entry: List[Any] = [seq, done]
+            self._withdrawn.setdefault(key, []).append(entry)
         try:
             self._send(
                 {
@@ -598,6 +606,22 @@ class ControlClient:
         except FastPSError:
             with self._cv:  # the connection is gone: nothing left to take back
                 self._forget_withdrawn(key, seq)
+            return False
+        receivers = [t for t in self._threads if t.name == _RECV_THREAD and t.is_alive()]
+        if not receivers or threading.current_thread() in receivers:
+            return False  # nobody else reads the answer: cannot wait for it
+        deadline = time.monotonic() + _WITHDRAW_ACK_S
+        with self._cv:
+            while self._is_withdrawing(key, seq) and self._abort_reason is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False  # not confirmed: counting it as used is the safe side
+                self._cv.wait(left)
+            # Acknowledged: withdrawn everywhere unless a late completion used the callback.
+            return entry[1] is not None and self._abort_reason is None
+
+    def _is_withdrawing(self, key: Tuple[int, str], seq: int) -> bool:
+        return any(w[0] == seq for w in self._withdrawn.get(key, []))
 
     def _forget_withdrawn(self, key: Tuple[int, str], seq: int) -> None:
         """Drops withdrawal ``seq`` of ``key`` (``_cv`` held)."""
@@ -606,6 +630,7 @@ class ControlClient:
             self._withdrawn[key] = pending
         else:
             self._withdrawn.pop(key, None)
+        self._cv.notify_all()
 
     def forget_set(self, set_id: int, ranks: Sequence[int]) -> None:
         """Drops the scheduler's pending gathers of a removed process set."""

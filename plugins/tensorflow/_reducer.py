@@ -449,9 +449,12 @@ class GradientReducer:
         priority: Any,
         digest: str,
     ) -> Optional[GradientFusion]:
-        """The plan of the gradients that take the direct path, or None (fusion off, or a
-        shape only known when the graph runs)."""
+        """The plan of the gradients that take the direct path, or None (fusion off, a
+        shape only known when the graph runs, or a TF1 graph: a ``Session.run`` may fetch
+        some of the gradients only, and a fused bucket would wait for the others)."""
         if not (self._direct() and _api.fusion_enabled()):
+            return None
+        if not E.executing_eagerly() and not G.ordered(tf.compat.v1.get_default_graph()):
             return None
         rows = []
         for i, c, _ in ready:

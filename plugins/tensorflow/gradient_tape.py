@@ -89,13 +89,15 @@ class DistributedGradientTape:
         self._set_size = (O._ps(process_set)).size
 
     def _is_local(self, source: Any) -> bool:
-        return id(source) in self._local or id(getattr(source, "value", source)) in self._local
+        return id(source) in self._local or id(O._variable_of(source)) in self._local
 
     def register_local_source(self, source: Any) -> None:
         """Horovod's local variables: ``source``'s gradient is not reduced (model
         parallelism); with ``scale_local_gradients`` it is divided by the set size, so it
         matches the averaged gradients' scale."""
-        self._local[id(getattr(source, "value", source))] = None
+        # A Keras 3 variable's ``value`` is its tf.Variable; a tf.Variable's (Keras 2) is a
+        # method, a new object per access, whose id a later object may take.
+        self._local[id(O._variable_of(source))] = None
         self._local[id(source)] = None
 
     # The recording side is the wrapped tape's.
@@ -125,7 +127,7 @@ class DistributedGradientTape:
         base = len(position)
         order = []
         for i, s in enumerate(sources):
-            key = id(getattr(s, "value", s))  # Keras variables wrap a tf.Variable
+            key = id(O._variable_of(s))  # Keras 3 variables wrap a tf.Variable
             order.append(position.get(key, position.get(id(s), base + i)))
         return order
 
@@ -183,20 +185,9 @@ def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name for a factory
     """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers``
     (Keras layers, e.g. a model-parallel part) local: they are not reduced and, with
     ``scale_local_gradients``, are divided by the set size like the averaged ones."""
-    import keras
+    from .optimizer import _layers  # Keras 3 or Keras 2 (tf_keras) layers, checked
 
-    if local_layers is None:
-        layers: List[Any] = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        layers = [local_layers]
-    else:
-        layers = list(local_layers)
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, keras.layers.Layer):
-                raise ValueError(
-                    f"local_layers[{i}] is a {type(layer).__name__}; every local layer must be "
-                    "a keras.layers.Layer"
-                )
+    layers: List[Any] = _layers(local_layers)
     tape = DistributedGradientTape(
         gradtape,
         device_dense,

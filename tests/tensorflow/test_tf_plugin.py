@@ -117,3 +117,14 @@ def test_sync_batch_norm_and_partial_tape(n: int) -> None:
     moving statistics, gradients; eager and tf.function); PartialDistributedGradientTape
     keeps its local layers' gradients local and averages the rest."""
     _ok(fastpsrun(n, [str(WORKERS / "tf_layers_worker.py"), "syncbn,partial"]), n)
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_keras2_sync_batch_norm(mode: str) -> None:
+    """Under Keras 2, hvd.SyncBatchNormalization is a tf_keras layer: in a TF1 session (as
+    Horovod's test_horovod_syncbn_cpu runs it) and eagerly, each rank's slice normalizes to
+    Keras 2's BatchNormalization over the whole batch, moving statistics alike."""
+    p = fastpsrun(2, [str(WORKERS / "tf_keras2_syncbn_worker.py"), mode])
+    assert p.returncode == 0, tail(p)
+    for r in range(2):
+        assert f"rank {r} {mode} OK" in p.stdout, tail(p)
