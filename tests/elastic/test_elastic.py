@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -365,6 +366,13 @@ def _restored_slots(stdout: str) -> set:
     return set(re.findall(r"(?:RESTORE|RESET) slot=(\S+)", stdout))
 
 
+def _in_place_job(tmp_path: Path) -> List[str]:
+    """fastpsrun's arguments for the in-place tests: 3 workers and 1 spare on 4 slots."""
+    _, script = _discovery(tmp_path, "localhost:4")
+    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
+    return args + ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+
+
 @pytest.mark.timeout(RUN_TIMEOUT + 120)
 def test_spare_replaces_in_place_without_rollback(tmp_path, subprocess_env):
     """FASTPS_ELASTIC_INPLACE=1, --spare-hosts 1: the worker of rank 1 dies inside the
@@ -372,10 +380,8 @@ def test_spare_replaces_in_place_without_rollback(tmp_path, subprocess_env):
     survivors stay inside that step's optimizer.step(): no restore, no reset callback;
     the spare takes rank 1, gets the commit and computes that step's gradient, and the
     training ends with the parameters of an undisturbed run."""
-    _, script = _discovery(tmp_path, "localhost:4")
     steps = 14
-    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
-    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args = _in_place_job(tmp_path)
     proc, out = run_elastic(
         tmp_path,
         subprocess_env,
@@ -404,10 +410,8 @@ def test_in_place_falls_back_to_rollback_after_an_update(tmp_path, subprocess_en
     """Commits every 2 steps; the worker of rank 1 dies in the second step after a
     commit, when the survivors have applied an update the commit does not hold: in place
     would be wrong, so they roll back (a log line says why) and the run is still exact."""
-    _, script = _discovery(tmp_path, "localhost:4")
     steps = 12
-    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
-    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args = _in_place_job(tmp_path)
     proc, out = run_elastic(
         tmp_path,
         subprocess_env,
@@ -434,10 +438,8 @@ def test_in_place_refused_when_rank_0_is_lost(tmp_path, subprocess_env):
     place and join the next generation, but every rank moves (rank 0 must be a survivor),
     so fastpsrun refuses; already in the new generation, they roll back there (restore,
     reset callbacks, sync from the new rank 0) and the run is exact."""
-    _, script = _discovery(tmp_path, "localhost:4")
     steps = 12
-    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
-    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args = _in_place_job(tmp_path)
     proc, out = run_elastic(
         tmp_path,
         subprocess_env,
@@ -461,10 +463,8 @@ def test_in_place_spare_reads_the_lost_ranks_samples(tmp_path, subprocess_env):
     ends with the parameters of an undisturbed 3-worker run over the same sample order."""
     import train_sampler
 
-    _, script = _discovery(tmp_path, "localhost:4")
     result = tmp_path / "result.json"
-    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
-    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args = _in_place_job(tmp_path)
     env = {
         **subprocess_env,
         "FAIL_AT": "localhost:1@9",  # epoch 1, its fourth step
@@ -488,10 +488,8 @@ def test_in_place_at_any_step(tmp_path, subprocess_env):
     0's state as it is in that step (parameters and optimizer state before the step's
     update, the step counter), not the commit, so nobody does the two steps since the
     commit again, and the run is exact."""
-    _, script = _discovery(tmp_path, "localhost:4")
     steps = 12
-    args = ["-np", "3", "--min-np", "3", "--max-np", "3", "--spare-hosts", "1"]
-    args += ["--host-discovery-script", str(script), "--elastic-timeout", "120"]
+    args = _in_place_job(tmp_path)
     proc, out = run_elastic(
         tmp_path,
         subprocess_env,
