@@ -189,3 +189,40 @@ def test_estimate_counts_one_set_of_processes_per_family_and_k(capsys: Any) -> N
     fresh = te.estimate(te.parse_args([*argv.split(), "--fresh-processes"]))
     assert "42 runs in 42 sets of processes" in capsys.readouterr().out
     assert fresh - shared == pytest.approx(36 * (te.RUN_OVERHEAD_S - te.RUN_SWITCH_S))
+
+
+def test_plot_of_the_table(tmp_path: Path) -> None:
+    """plot_emulated reads train_emulated's CSV: DDP's one value per ratio spans every k,
+    unfinished rows and compute-alone rows are left out, and the figure is written."""
+    from benchmarks import plot_emulated as pe
+    from benchmarks import train_emulated as te
+
+    def row(system: str, ratio: str, k: str, frac: float, status: str = "ok") -> dict:
+        return {
+            "model": "resnet50",
+            "ratio": ratio,
+            "system": system,
+            "k": k,
+            "frac_ideal": frac,
+            "speedup_vs_ddp": frac / 0.7,
+            "status": status,
+        }
+
+    rows = [
+        row("compute alone", "1", "", 1.0),
+        row("fastps cross-barrier", "1", "0", 0.93),
+        row("fastps cross-barrier", "1", "4", 0.91),
+        row("fastps cross-barrier", "1", "2", 0.2, status="timed out"),
+        row("DDP-Gloo", "1", "", 0.7),
+    ]
+    csv_path = tmp_path / "emulated.csv"
+    rc.write_csv(csv_path, rows, te.FIELDS, {"commit": "abc", "goodput": "950 Mbit/s"})
+    loaded, footers = pe.load([csv_path])
+    assert {r["system"] for r in loaded} == {"fastps cross-barrier", "DDP-Gloo"}
+    assert "commit abc" in footers[0]
+    frac = pe.series(loaded, "resnet50", "frac_ideal")
+    assert frac[("fastps cross-barrier", "1")] == [(0.0, 0.93), (4.0, 0.91)]
+    assert frac[("DDP-Gloo", "1")] == [(0.0, 0.7), (4.0, 0.7)]
+    out = tmp_path / "table.png"
+    pe.plot(loaded, footers, out)
+    assert out.stat().st_size > 10_000
