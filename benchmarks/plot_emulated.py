@@ -71,7 +71,7 @@ def series(
     rows: Sequence[Dict[str, str]], model: str, column: str
 ) -> Dict[Tuple[str, str], List[Tuple[float, float]]]:
     """(system, ratio) -> sorted [(k, value)]; DDP has no k of its own (it rings over the
-    workers), so its one value per ratio is drawn across every k measured."""
+    workers; its rows say k = 0), so its one value per ratio is drawn across every k."""
     ks = sorted({_num(r["k"]) for r in rows if r["model"] == model and _num(r["k"]) is not None})
     out: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for r in rows:
@@ -82,7 +82,8 @@ def series(
             continue
         key = (r["system"], _ratio_key(r["ratio"]))
         k = _num(r.get("k"))
-        points = [(kk, value) for kk in ks] if k is None else [(k, value)]
+        spans = k is None or r["system"] == "DDP-Gloo"
+        points = [(kk, value) for kk in ks] if spans else [(k, value)]
         out.setdefault(key, []).extend(points)
     return {key: sorted(set(points)) for key, points in out.items()}
 
@@ -129,9 +130,9 @@ def plot(rows: Sequence[Dict[str, str]], footers: Sequence[str], out: Path) -> N
                 ax.set_ylabel(label)
             ax.set_xticks([0, 1, 2, 4])
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower right", ncol=3, fontsize=7, frameon=False)
     fig.text(0.01, 0.005, "\n".join(footers), fontsize=6, va="bottom")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(f"plot_emulated: wrote {out}")

@@ -44,10 +44,14 @@ GiB = 1024 * MiB
 # a 1 MiB part is still in cache when the next stage (the owner's sum, the copies out)
 # reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/benchmarks.md §2).
 # Across a network a part is answered only once every worker's copy crossed a link, so
-# small parts start the results flowing sooner (docs/benchmarks.md, rack sweep).
-# None: chosen at init.
+# small parts start the results flowing sooner (docs/benchmarks.md, rack sweep). In training
+# with cross-barrier updates a part also sets how long the next forward pass's first layers
+# wait behind parts already on the wire: ResNet-50 on the emulated rack, network-bound
+# (compute = half the bound), k = 2: 512 KiB parts 0.70 of the ideal, 256 KiB 0.86-0.87,
+# 128 KiB 0.90, 64 KiB 0.91; push_pull alone is the same at 128 and 256 KiB (97-98% of
+# the bound at every k; docs/benchmarks.md §9). None: chosen at init.
 LOCAL_PARTITION_BYTES = 1 * MiB
-NETWORK_PARTITION_BYTES = 256 * KiB
+NETWORK_PARTITION_BYTES = 128 * KiB
 # Under the rack hierarchy a relayed part is stored and forwarded four times (push, rack sum
 # up, owner's answer, fan-out) before its pushers hear back, each hop a whole part: smaller
 # parts keep the stages overlapped. 2 racks x 4 hosts at 50 Mbit/s: 256 KiB parts reached

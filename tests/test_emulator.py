@@ -213,7 +213,7 @@ def test_plot_of_the_table(tmp_path: Path) -> None:
         row("fastps cross-barrier", "1", "0", 0.93),
         row("fastps cross-barrier", "1", "4", 0.91),
         row("fastps cross-barrier", "1", "2", 0.2, status="timed out"),
-        row("DDP-Gloo", "1", "", 0.7),
+        row("DDP-Gloo", "1", "0", 0.7),
     ]
     csv_path = tmp_path / "emulated.csv"
     rc.write_csv(csv_path, rows, te.FIELDS, {"commit": "abc", "goodput": "950 Mbit/s"})
