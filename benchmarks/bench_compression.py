@@ -416,12 +416,6 @@ def plot(rows: Sequence[Dict[str, Any]], meta: Dict[str, str], out: Path) -> Non
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    def num(v: Any) -> Optional[float]:
-        try:
-            return float(v) if v not in (None, "") else None
-        except ValueError:
-            return None
-
     panels = list(dict.fromkeys((r["model"], float(r["rate_mbit"])) for r in rows))
     if not panels:
         raise ValueError("nothing to plot: no rows")
@@ -429,14 +423,14 @@ def plot(rows: Sequence[Dict[str, Any]], meta: Dict[str, str], out: Path) -> Non
     for ax, (model, rate) in zip(axes[0], panels):
         mine = [r for r in rows if r["model"] == model and float(r["rate_mbit"]) == rate]
         xs = list(range(len(mine)))
-        heights = [num(r.get("time_s")) or 0.0 for r in mine]
+        heights = [rc.csv_number(r.get("time_s")) or 0.0 for r in mine]
         colors = ["tab:orange" if r.get("system") == "ddp-gloo" else "tab:blue" for r in mine]
         ax.bar(xs, heights, color=colors)
         floor = min([h for h in heights if h > 0] or [1.0])  # a log axis has no 0
         for x, h in zip(xs, heights):
             label = f"{h:.3g}" if h else "failed"
             ax.text(x, h or floor, label, ha="center", va="bottom", fontsize=7)
-        bound = num(mine[0].get("bound_s"))
+        bound = rc.csv_number(mine[0].get("bound_s"))
         if bound:
             ax.axhline(bound, linestyle="--", color="gray", label=f"bound {bound:.3g} s")
         ax.set_xticks(xs)

@@ -204,13 +204,6 @@ def run_one(
 # ----------------------------------------------------------------------------- summary
 
 
-def _num(v: Any) -> Optional[float]:
-    try:
-        return float(v) if v not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-
-
 def _curves(rows: Sequence[Dict[str, Any]], task: str) -> Dict[str, Dict[int, List[Dict]]]:
     """spec -> seed -> that run's epoch rows in order (runs that failed left out)."""
     out: Dict[str, Dict[int, List[Dict]]] = {}
@@ -365,7 +358,7 @@ def _typed(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for r in rows:
         r = dict(r)
         for key in ("train_s", "accuracy", "loss", "mb_sent"):
-            r[key] = _num(r.get(key))
+            r[key] = rc.csv_number(r.get(key))
         for key in ("seed", "epoch"):
             r[key] = int(r[key]) if r.get(key) not in (None, "") else None
         out.append(r)

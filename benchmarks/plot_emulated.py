@@ -32,18 +32,12 @@ SYSTEM_COLORS = {
 RATIO_STYLES = {"0.5": ("v", ":"), "1": ("o", "-"), "2": ("^", "--"), "ref": ("s", "-.")}
 FRACTION_TARGET = 0.9
 SPEEDUP_TARGET = 1.25
-
-
-def _num(value: Optional[str]) -> Optional[float]:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+REQUIRED = ("model", "ratio", "system", "k", "frac_ideal", "speedup_vs_ddp", "status")
 
 
 def _ratio_key(ratio: str) -> str:
     """'1.0' and '1' are one ratio; 'ref' stays as it is."""
-    value = _num(ratio)
+    value = rc.csv_number(ratio)
     return ratio if value is None else f"{value:g}"
 
 
@@ -54,6 +48,12 @@ def load(paths: Sequence[Path]) -> Tuple[List[Dict[str, str]], List[str]]:
     footers: List[str] = []
     for path in paths:
         meta, file_rows = rc.read_csv(path)
+        missing = [c for c in REQUIRED if file_rows and c not in file_rows[0]]
+        if missing:
+            raise SystemExit(
+                f"plot_emulated: {path} is not a train_emulated CSV "
+                f"(no column {', '.join(missing)})"
+            )
         footers.append(
             f"{path.name}: commit {meta.get('commit', '?')}, {meta.get('date', '?')}, "
             f"goodput {meta.get('goodput', '?')}"
@@ -61,10 +61,16 @@ def load(paths: Sequence[Path]) -> Tuple[List[Dict[str, str]], List[str]]:
         for row in file_rows:
             if row.get("status") != "ok" or row.get("system") == "compute alone":
                 continue
-            if _num(row.get("frac_ideal")) is None:
+            if rc.csv_number(row.get("frac_ideal")) is None:
                 continue
             rows.append(row)
     return rows, footers
+
+
+def measured_ks(rows: Sequence[Dict[str, str]], model: str) -> List[float]:
+    """The numbers of CPU hosts the model was measured at."""
+    ks = {rc.csv_number(r["k"]) for r in rows if r["model"] == model}
+    return sorted(k for k in ks if k is not None)
 
 
 def series(
@@ -72,16 +78,16 @@ def series(
 ) -> Dict[Tuple[str, str], List[Tuple[float, float]]]:
     """(system, ratio) -> sorted [(k, value)]; DDP has no k of its own (it rings over the
     workers; its rows say k = 0), so its one value per ratio is drawn across every k."""
-    ks = sorted({_num(r["k"]) for r in rows if r["model"] == model and _num(r["k"]) is not None})
+    ks = measured_ks(rows, model)
     out: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for r in rows:
         if r["model"] != model:
             continue
-        value = _num(r.get(column))
+        value = rc.csv_number(r.get(column))
         if value is None:
             continue
         key = (r["system"], _ratio_key(r["ratio"]))
-        k = _num(r.get("k"))
+        k = rc.csv_number(r.get("k"))
         spans = k is None or r["system"] == "DDP-Gloo"
         points = [(kk, value) for kk in ks] if spans else [(k, value)]
         out.setdefault(key, []).extend(points)
@@ -128,7 +134,7 @@ def plot(rows: Sequence[Dict[str, str]], footers: Sequence[str], out: Path) -> N
                 ax.set_xlabel("CPU hosts k (n = 4 worker hosts)")
             if col == 0:
                 ax.set_ylabel(label)
-            ax.set_xticks([0, 1, 2, 4])
+            ax.set_xticks(measured_ks(rows, model))
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower right", ncol=3, fontsize=7, frameon=False)
     fig.text(0.01, 0.005, "\n".join(footers), fontsize=6, va="bottom")

@@ -39,13 +39,6 @@ LABELS = {
 }
 
 
-def _num(value: Optional[str]) -> Optional[float]:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
-
-
 def _footer(meta: Dict[str, str]) -> str:
     return f"commit {meta.get('commit', '?')}, {meta.get('date', '?')}; {meta.get('machine', '')}"
 
@@ -65,7 +58,7 @@ def plot_comm(csv_path: Path, out: Path) -> None:
         mb = float(mrows[0]["model_mb"])
         bound: Dict[int, float] = {}
         for r in mrows:
-            b = _num(r["bound_s"])
+            b = rc.csv_number(r["bound_s"])
             if b:
                 bound[int(r["k"])] = mb * 8e6 / b / 1e9
         ks = sorted(bound)
@@ -78,7 +71,7 @@ def plot_comm(csv_path: Path, out: Path) -> None:
         )
         for system in dict.fromkeys(r["system"] for r in mrows):
             pts = sorted(
-                (int(r["k"]), _num(r["goodput_gbit"]))
+                (int(r["k"]), rc.csv_number(r["goodput_gbit"]))
                 for r in mrows
                 if r["system"] == system and r["status"] == "ok"
             )
@@ -120,9 +113,11 @@ def plot_train(csv_path: Path, out: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         mrows = [r for r in rows if r["model"] == model]
-        rates = sorted({float(r["rate_mbit"]) / 1000 for r in mrows if _num(r["rate_mbit"])})
+        rates = sorted(
+            {float(r["rate_mbit"]) / 1000 for r in mrows if rc.csv_number(r["rate_mbit"])}
+        )
         for r in mrows:
-            if r["status"] != "ok" or _num(r["rate_mbit"]):
+            if r["status"] != "ok" or rc.csv_number(r["rate_mbit"]):
                 continue
             y = float(r["samples_per_s"])
             if r["system"].startswith("linear"):
@@ -137,11 +132,11 @@ def plot_train(csv_path: Path, out: Path) -> None:
                     lw=1.5,
                     label=f"{r['n']} workers, no sync (CPU ceiling, shared cores)",
                 )
-        for system in dict.fromkeys(r["system"] for r in mrows if _num(r["rate_mbit"])):
+        for system in dict.fromkeys(r["system"] for r in mrows if rc.csv_number(r["rate_mbit"])):
             pts = sorted(
                 (float(r["rate_mbit"]) / 1000, float(r["samples_per_s"]))
                 for r in mrows
-                if r["system"] == system and r["status"] == "ok" and _num(r["rate_mbit"])
+                if r["system"] == system and r["status"] == "ok" and rc.csv_number(r["rate_mbit"])
             )
             if pts:
                 ax.plot(

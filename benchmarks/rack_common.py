@@ -289,6 +289,15 @@ def read_csv(path: Path) -> Tuple[Dict[str, str], List[Dict[str, str]]]:
     return meta, list(csv.DictReader(lines))
 
 
+def csv_number(value: Any) -> Optional[float]:
+    """A cell read back from one of these CSVs as a float; None for an empty or
+    non-numeric cell (a run that failed leaves its columns empty or says why)."""
+    try:
+        return float(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
 # ----------------------------------------------------------------------------- child results
 
 

@@ -226,3 +226,8 @@ def test_plot_of_the_table(tmp_path: Path) -> None:
     out = tmp_path / "table.png"
     pe.plot(loaded, footers, out)
     assert out.stat().st_size > 10_000
+    # Another benchmark's CSV is refused with the file and the missing columns named.
+    other = tmp_path / "comm.csv"
+    rc.write_csv(other, [{"model": "resnet50", "k": "0"}], ["model", "k"], {})
+    with pytest.raises(SystemExit, match=r"comm\.csv is not a train_emulated CSV.*ratio"):
+        pe.load([other])
