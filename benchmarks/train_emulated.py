@@ -50,6 +50,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -603,7 +604,14 @@ class Runner:
             if info is not None:
                 size = os.path.getsize(trace) / 1e6
                 print(f"  timeline: {info['processes']} processes, {size:.1f} MB", flush=True)
-                os.remove(trace)
+                if self.args.keep_timeline is None:
+                    os.remove(trace)
+                else:  # for `python -m fastps.timeline summarize`
+                    self.args.keep_timeline.mkdir(parents=True, exist_ok=True)
+                    runs = len(list(self.args.keep_timeline.glob("*.json")))
+                    kept = self.args.keep_timeline / f"{model}-k{k}-{runs}.json"
+                    shutil.move(trace, kept)
+                    print(f"  timeline kept: {kept}", flush=True)
 
     def _launch(
         self,
@@ -1110,6 +1118,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="run each fastps system this many times with the timeline off and on, interleaved",
+    )
+    p.add_argument(
+        "--keep-timeline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --timeline-pairs: keep each merged trace in DIR (MODEL-kK-N.json)",
     )
     p.add_argument(
         "--fresh-processes",

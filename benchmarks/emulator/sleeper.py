@@ -33,21 +33,49 @@ SPARSE_SETS = 4  # distinct row sets each rank cycles through
 
 
 class _Clock:
-    """Sleeps for compute time. ``time.sleep`` overshoots (by ~0.1 ms idle, more on a busy
-    machine); the overshoot is carried over and taken off the next sleeps, so a pass of
-    hundreds of short layers still lasts what the layers add up to."""
+    """The emulated GPU's timeline: when its queued work is done (``perf_counter`` time).
+
+    A GPU runs a pass's kernels back to back while the host thread that launched them runs
+    ahead, so the host's own time between layers (autograd, the gradient hooks of DDP or
+    fastps, a late wake-up on a busy machine) does not stretch the pass. Here the host cannot
+    run ahead: each layer's gradient must exist when autograd's hooks see it, so the thread
+    sleeps until the layer's end on this timeline. Each layer starts where the previous one
+    ended (``spend``), not where the host got to, so host time between layers and every
+    sleep's overshoot are absorbed as a GPU would absorb them. Only a real dependency moves
+    the timeline to the host's clock (``sync``): the start of a forward pass (the step before
+    it may have waited for sums) and a layer whose forward pre-hooks blocked (cross-barrier
+    waiting for that layer's update; applying it counts too, which a GPU would do in a
+    fraction of the time). If the host falls behind the timeline for good, layers stop
+    sleeping and the pass takes the host's time, as an overloaded host would on a GPU."""
+
+    # Forward pre-hooks that took longer than this waited for something (or did real work)
+    HOOK_WAIT_S = 2.5e-4
 
     def __init__(self) -> None:
-        self.carry = 0.0
+        self.device_t = 0.0
+        self.called_at: Optional[float] = None  # when EmulatedModel called the layer
+        self.absorbed_s = 0.0  # host time behind the timeline that no layer waited for
+
+    def sync(self, now: float) -> None:
+        if now > self.device_t:
+            self.device_t = now
 
     def spend(self, seconds: float) -> None:
-        want = seconds - self.carry
-        if want <= 0:
-            self.carry = -want
-            return
-        t0 = time.perf_counter()
-        time.sleep(want)
-        self.carry = time.perf_counter() - t0 - want
+        now = time.perf_counter()
+        if now > self.device_t:
+            self.absorbed_s += now - self.device_t
+        self.device_t += seconds
+        wait = self.device_t - now
+        if wait > 0:
+            time.sleep(wait)
+
+    def before_forward(self) -> None:
+        """In a layer's forward, after every forward pre-hook ran."""
+        now = time.perf_counter()
+        called = self.called_at
+        self.called_at = None
+        if called is None or now - called > self.HOOK_WAIT_S:
+            self.sync(now)
 
 
 CLOCK = _Clock()
@@ -62,6 +90,7 @@ class _Sleep(torch.autograd.Function):
         *params: torch.Tensor,
     ) -> torch.Tensor:
         ctx.layer = layer
+        CLOCK.before_forward()
         CLOCK.spend(layer.forward_s)
         return x.clone()
 
@@ -160,7 +189,9 @@ class EmulatedModel(torch.nn.Module):
         return [v for layer in self.layers.values() for v in layer.probe()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CLOCK.sync(time.perf_counter())  # a pass starts on the host's clock
         for layer in self.layers.values():
+            CLOCK.called_at = time.perf_counter()  # pre-hooks from here to _Sleep.forward
             x = layer(x)
         return x
 
