@@ -453,7 +453,8 @@ def local_plan() -> Optional[str]:
 def data_path_stats() -> Dict[str, Any]:
     """How this worker's parts travelled so far: pushes through shared memory or TCP, parts
     it summed as its host's local owner, contributions handed to local owners, routed pushes
-    (``pushed_routed``), and every byte its data-plane sockets sent and received, headers
+    (``pushed_routed``), parts pushed early because a server was waiting for this worker's
+    copy only (``nudged``), and every byte its data-plane sockets sent and received, headers
     included (``socket_bytes_sent``, ``socket_bytes_received``)."""
     return dict(_st().worker.stats())
 

@@ -343,6 +343,8 @@ class Config:
     # default): each process reads its own host's rate (core/linkspeed.py).
     link_mbit: Optional[float] = None
     shm: bool = True
+    # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE).
+    nudge: bool = True
     # Servers may leave and join the running job (FASTPS_ELASTIC_SERVERS; docs/elastic.md).
     elastic_servers: bool = False
     shm_bytes: int = DEFAULT_SHM_BYTES
@@ -446,6 +448,10 @@ class Config:
         if shm_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
             raise _bad("FASTPS_SHM", shm_text, "expected 1/0 (true/false, yes/no, on/off)")
         shm = shm_text in ("1", "true", "yes", "on")
+        nudge_text = (e.raw("FASTPS_NUDGE") or "1").strip().lower()
+        if nudge_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise _bad("FASTPS_NUDGE", nudge_text, "expected 1/0 (true/false, yes/no, on/off)")
+        nudge = nudge_text in ("1", "true", "yes", "on")
 
         partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
         if partition_bytes is not None and partition_bytes > MAX_PARTITION_BYTES:
@@ -493,6 +499,7 @@ class Config:
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
             link_mbit=e.rate_or_auto("FASTPS_LINK_MBIT"),
             shm=shm,
+            nudge=nudge,
             elastic_servers=elastic_servers,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,

@@ -61,6 +61,7 @@ def server_options(cfg: Config) -> _core_types.ServerOptions:
     opts.round_quorum_fraction = cfg.round_quorum_fraction
     opts.quorum_history = cfg.quorum_history
     opts.staleness = cfg.staleness
+    opts.nudge = cfg.nudge
     return opts
 
 

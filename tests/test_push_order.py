@@ -39,6 +39,37 @@ def test_shuffled_orders_finish_with_exact_sums(mode: str, window: str) -> None:
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
 
 
+@pytest.mark.parametrize("nudge", ["1", "0"])
+def test_servers_nudge_the_last_pusher(nudge: str) -> None:
+    # Three workers in shuffled, skewed orders, one server each: parts wait for one worker
+    # while the other two copies are in, so servers nudge it (FASTPS_NUDGE, on by default)
+    # and it pushes them early; sums stay exact either way, and FASTPS_NUDGE=0 sends none.
+    env = {
+        "FASTPS_PARTITION_BYTES": "8K",
+        "FASTPS_CREDIT_BYTES": "8K",
+        "FASTPS_OP_TIMEOUT": "60",
+        "FASTPS_NUDGE": nudge,
+    }
+    with Job(
+        3,
+        3,
+        [ORDER_WORKER, "priority"],
+        worker_hosts=["a", "b", "c"],
+        server_hosts=["a", "b", "c"],
+        env=env,
+    ) as job:
+        job.wait(120, job.workers())
+        nudged = []
+        for w in job.workers():
+            m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
+            assert w.popen.returncode == 0 and m, job.dump()
+            nudged.append(int(m.group(1)))
+        if nudge == "1":
+            assert sum(nudged) > 0, (nudged, job.dump())
+        else:
+            assert sum(nudged) == 0, (nudged, job.dump())
+
+
 @pytest.mark.parametrize("mode", ["large-equal", "large-priority"])
 def test_large_tensors_in_opposite_orders_finish(mode: str) -> None:
     # Two emulated hosts, TCP pushes with the default window and 256 KiB parts: each

@@ -19,7 +19,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core, config, placement
 from .cluster import HostGroup, Layout, group_pacing
@@ -42,6 +42,9 @@ class CommOptions:
     # Answers' pacing over their share, as the real servers (placement.ANSWER_HEADROOM):
     # the headroom only takes a link's spare room (fastps.sim.network, "Headroom").
     answer_headroom: float = placement.ANSWER_HEADROOM
+    # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE; the
+    # real scheduler's boost). Modelled one latency after that copy, ahead of any answer.
+    nudge: bool = True
 
     def check(self) -> None:
         if self.partition_bytes <= 0:
@@ -176,6 +179,7 @@ class PushPull:
         self._parts: Dict[Tuple[str, int], List[Tuple[int, int, int]]] = {}
         self._ids: Dict[str, int] = {}
         self._arrived: Dict[Tuple[int, int, int], int] = {}  # (server, tensor, part) -> groups
+        self._pushers: Dict[Tuple[int, int, int], Set[int]] = {}  # ... which ones (nudges)
         self._left: Dict[Tuple[int, int], int] = {}  # (worker group, tensor) -> parts left
         self._done: Dict[Tuple[int, int], Callable[[], None]] = {}
         self._tag: Dict[Tuple[int, int], Tuple[int, int, int, int]] = {}
@@ -241,20 +245,34 @@ class PushPull:
         srv = self.lay.groups[s]
         per_member = group.count / srv.count  # pushes each member of the group sums
         add_s = 3.0 * ln / (self.opts.kernel_gbps * 1e9) + self.opts.message_s
-        self.engines[s].run(per_member * add_s, lambda: self._summed(s, tid, idx, ln, prio))
+        self.engines[s].run(
+            per_member * add_s, lambda: self._summed(s, tid, idx, ln, prio, group.index)
+        )
 
-    def _summed(self, s: int, tid: int, idx: int, ln: int, prio: int) -> None:
+    def _summed(self, s: int, tid: int, idx: int, ln: int, prio: int, pusher: int = -1) -> None:
         key = (s, tid, idx)
         got = self._arrived.get(key, 0) + 1
-        if got < len(self.lay.worker_groups):
+        groups = self.lay.worker_groups
+        if self.opts.nudge and len(groups) >= 3 and all(g.count == 1 for g in groups):
+            pushed = self._pushers.setdefault(key, set())
+            pushed.add(pusher)
+            if got == len(groups) - 1:
+                last = next(g for g in groups if g.index not in pushed)
+                self.loop.after(self.lay.cluster.latency_s, self._nudge, last, s, tid, idx, prio)
+        if got < len(groups):
             self._arrived[key] = got
             return
         self._arrived.pop(key, None)
+        self._pushers.pop(key, None)
         wire = ln * self.opts.compression
         for a in self.lay.worker_groups:
             self.answer_conn[(a.index, s)].send(
                 wire, _noop, partial(self._answered, a, s, tid, idx, prio)
             )
+
+    def _nudge(self, group: HostGroup, s: int, tid: int, idx: int, prio: int) -> None:
+        if self.sched[group.index].boost(prio, tid, idx, s):
+            self._pump(group)
 
     def _answered(self, group: HostGroup, s: int, tid: int, idx: int, prio: int) -> None:
         self.sched[group.index].answered(prio, tid, idx, s)

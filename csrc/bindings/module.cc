@@ -54,6 +54,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("round_quorum", &ServerOptions::round_quorum)
       .def_readwrite("round_quorum_fraction", &ServerOptions::round_quorum_fraction)
       .def_readwrite("quorum_history", &ServerOptions::quorum_history)
+      .def_readwrite("nudge", &ServerOptions::nudge)
       .def_readwrite("staleness", &ServerOptions::staleness);
 
   py::class_<WorkerOptions> wo(m, "WorkerOptions");
@@ -159,6 +160,21 @@ PYBIND11_MODULE(_core, m) {
             s.answered(t);
           },
           py::arg("priority"), py::arg("tensor"), py::arg("part"), py::arg("server"))
+      .def(
+          "boost",
+          [](PushScheduler& s, int priority, uint64_t tensor, uint32_t part, uint32_t server,
+             int64_t tag) {
+            PushTicket t;
+            t.priority = priority;
+            t.tensor = tensor;
+            t.part = part;
+            t.server = server;
+            t.tag = tag;
+            return s.boost(t);
+          },
+          py::arg("priority"), py::arg("tensor"), py::arg("part"), py::arg("server"),
+          py::arg("tag") = 0)
+      .def("boosts", &PushScheduler::boosts)
       .def("window", &PushScheduler::window)
       .def("queued", &PushScheduler::queued)
       .def("unanswered_bytes", &PushScheduler::unanswered_bytes);
@@ -230,6 +246,7 @@ PYBIND11_MODULE(_core, m) {
       .def("parts_summed", &Server::parts_summed)
       .def("late_pushes", &Server::late_pushes)
       .def("fetched_rounds", &Server::fetched_rounds)
+      .def("nudges", &Server::nudges)
       .def("refused_connections", &Server::refused_connections)
       .def("rack_sums_awaiting_route", &Server::rack_sums_awaiting_route)
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
@@ -338,6 +355,7 @@ PYBIND11_MODULE(_core, m) {
              d["contributed_shm"] = s.contributed_shm.load();
              d["contributed_socket"] = s.contributed_socket.load();
              d["pushed_routed"] = s.pushed_routed.load();
+             d["nudged"] = s.nudged.load();
              d["socket_bytes_sent"] = s.socket_bytes_sent.load();
              d["socket_bytes_received"] = s.socket_bytes_received.load();
              return d;

@@ -31,10 +31,11 @@ bool bad(std::string* why, const char* field, T value, const std::string& rule) 
 bool check_frame_header(const FrameHeader& h, std::string* why) {
   if (h.magic != kFrameMagic) return bad(why, "magic", h.magic, "is not the frame magic");
   if (h.type < static_cast<uint8_t>(MsgType::kPush) ||
-      h.type > static_cast<uint8_t>(MsgType::kLocalError))
+      h.type > static_cast<uint8_t>(MsgType::kNudge))
     return bad(why, "type", static_cast<unsigned>(h.type), "is not a known message type");
   if (h.flags & ~kKnownFlags) return bad(why, "flags", h.flags, "has unknown bits");
   auto type = static_cast<MsgType>(h.type);
+  if (type == MsgType::kNudge && h.len != 0) return bad(why, "len", h.len, "must be 0 in a nudge");
   if (is_text(type) && h.len > kMaxTextBytes)
     return bad(why, "len", h.len,
                "exceeds the " + std::to_string(kMaxTextBytes) + "-byte limit of a text frame");

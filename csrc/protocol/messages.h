@@ -19,6 +19,8 @@ enum class MsgType : uint8_t {
   kLocalPush = 8,    // worker -> local owner of a part: my contribution to it
   kLocalResult = 9,  // local owner -> worker: the part's global sum
   kLocalError = 10,  // local owner -> worker: this tensor failed (payload: text)
+  kNudge = 11,       // server -> worker: every other copy of this part is in; push it next
+                     // (len 0; round: the round the server is waiting to close)
 };
 
 // The key of a part on both ends of the wire: tensor id mixed with the part

@@ -18,6 +18,8 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const 
       server_id_(server_id),
       quorum_(rules.quorum, rules.quorum_fraction, rules.quorum_history, num_workers),
       params_(num_workers, rules.staleness, server_id),
+      nudge_(rules.nudge),
+      conn_of_rank_(num_workers),
       compressed_(num_workers, server_id, [this](const FrameHeader& h, const std::string& m) {
         if (broadcast_error_) broadcast_error_(h, m);
       }) {}
@@ -195,6 +197,7 @@ void SumEngine::handle(PushWork& w) {
   }
   st.reply_to[h.sender] = w.conn;
   st.wants[h.sender] = !(h.flags & kFlagNoReply);
+  conn_of_rank_[h.sender] = w.conn;
   size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
   if (!(h.flags & kFlagNoData)) st.contributed++;
   if (h.flags & kFlagNoData) {
@@ -211,6 +214,9 @@ void SumEngine::handle(PushWork& w) {
   }
   if (quorum) quorum_.note_push(key, h.sender, h.round);
   ++st.count;
+  if (nudge_ && !quorum && st.owner == kNotRelayed && st.expected == num_workers_ &&
+      num_workers_ >= 3 && st.count + 1 == st.expected)
+    nudge_last(st, h);
   if (quorum ? !quorum_.may_close(key, st.round, st.count, st.expected) : st.count < st.expected)
     return;
   trace::mark(trace::Mark::kAllIn, h.tensor, h.part, h.sender, h.len);
@@ -222,6 +228,26 @@ void SumEngine::handle(PushWork& w) {
     return;
   }
   complete(st, h);
+}
+
+void SumEngine::nudge_last(const KeyState& st, const FrameHeader& h) {
+  for (uint32_t i = 0; i < num_workers_; ++i) {
+    if (st.reply_to[i]) continue;
+    auto conn = conn_of_rank_[i].lock();  // unknown until that worker pushed something here
+    if (!conn) return;
+    FrameHeader n{};
+    n.magic = kFrameMagic;
+    n.type = static_cast<uint8_t>(MsgType::kNudge);
+    n.dtype = h.dtype;
+    n.sender = server_id_;
+    n.part = h.part;
+    n.tensor = h.tensor;
+    n.tensor_bytes = h.tensor_bytes;
+    n.round = st.round;
+    // Ahead of the answers queued to that worker: it may be waiting behind them.
+    if (conn->send_first(n)) nudges_++;
+    return;
+  }
 }
 
 namespace {

@@ -36,6 +36,10 @@ struct EngineRules {
   double quorum_fraction = 0;   // ... or as a fraction of the pushers (0: unset)
   uint32_t quorum_history = 8;  // closed rounds kept for late pushers
   int64_t staleness = -1;       // async: SSP bound (< 0: unbounded)
+  // Nudge the last pusher of a part when every other pusher's copy is in (MsgType::kNudge;
+  // push_scheduler.h says why). Only where every worker pushes (no local reduce, no relay),
+  // with at least 3 pushers (with 2, the first copy would nudge the other at once).
+  bool nudge = true;
 };
 
 struct PushWork {
@@ -64,6 +68,7 @@ class SumEngine {
   uint64_t late_pushes() const { return late_pushes_; }
   uint64_t fetched_rounds() const { return fetched_rounds_; }
   uint64_t async_updates() const { return async_updates_; }
+  uint64_t nudges() const { return nudges_; }
 
  private:
   // A part pushed as a shared-memory slot: summed in place, answered in place.
@@ -105,6 +110,8 @@ class SumEngine {
   // Relayed parts: the rack's sum goes up; the owner's answer (or error) comes down.
   void relay_up(KeyState& st, const FrameHeader& h);
   void relay_down(PushWork& w);
+  // Every pusher but one has pushed this round of the part: tells that one.
+  void nudge_last(const KeyState& st, const FrameHeader& h);
 
   int index_;
   uint32_t num_workers_;
@@ -123,6 +130,9 @@ class SumEngine {
   std::atomic<uint64_t> late_pushes_{0};
   std::atomic<uint64_t> fetched_rounds_{0};  // catch-up fetches answered from the history
   std::atomic<uint64_t> async_updates_{0};
+  std::atomic<uint64_t> nudges_{0};
+  bool nudge_;
+  std::vector<std::weak_ptr<Connection>> conn_of_rank_;  // the last push's, per worker
   CompressedSum compressed_;  // compressed parts' rounds (docs/compression.md)
   RackRelay* relay_ = nullptr;
   std::function<void(const std::string&)> fatal_;

@@ -30,6 +30,8 @@ struct ServerOptions {
   double round_quorum_fraction = 0;
   uint32_t quorum_history = 8;
   int64_t staleness = -1;
+  // Nudge the last pusher of a part (engine.h, EngineRules::nudge).
+  bool nudge = true;
 };
 
 // Throws std::invalid_argument naming the first field that is unset or out of range.

@@ -48,6 +48,7 @@ int Server::start() {
     rules.quorum_fraction = opts_.round_quorum_fraction;
     rules.quorum_history = opts_.quorum_history;
     rules.staleness = opts_.staleness;
+    rules.nudge = opts_.nudge;
     engines_.push_back(std::make_unique<SumEngine>(i, opts_.num_workers, opts_.server_id, rules));
     engines_.back()->set_error_broadcast(
         [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });
@@ -89,6 +90,12 @@ std::string Server::error() const {
 uint64_t Server::late_pushes() const {
   uint64_t n = 0;
   for (auto& e : engines_) n += e->late_pushes();
+  return n;
+}
+
+uint64_t Server::nudges() const {
+  uint64_t n = 0;
+  for (auto& e : engines_) n += e->nudges();
   return n;
 }
 

@@ -33,6 +33,8 @@ class Server : public FrameHandler, public SlotSpace {
   uint64_t late_pushes() const;
   // ... and catch-up fetches of closed rounds, answered from the history.
   uint64_t fetched_rounds() const;
+  // Nudges sent to a part's last pusher (engine.h).
+  uint64_t nudges() const;
   int refused_connections() const { return refused_.load(); }
   // Rack-level hierarchy: rack sums held back now until set_rack_route arrives.
   uint64_t rack_sums_awaiting_route() const { return relay_ ? relay_->awaiting_route() : 0; }

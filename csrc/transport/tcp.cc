@@ -48,6 +48,26 @@ bool Connection::send(const FrameHeader& h, const void* payload, size_t len,
   return true;
 }
 
+bool Connection::send_first(const FrameHeader& h) {
+  std::vector<std::function<void()>> completed;
+  bool ok = true;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (closed_.load()) return false;
+    auto pos = sendq_.begin();
+    if (pos != sendq_.end() && pos->done > 0) ++pos;  // a frame half written stays whole
+    sendq_.insert(pos, SendItem{h, nullptr, 0, 0, nullptr});
+    if (sendq_.size() == 1 && !want_write_) {
+      ok = flush_locked(&completed);
+      if (ok && !sendq_.empty()) set_want_write(true);
+    }
+  }
+  for (auto& cb : completed)
+    if (cb) cb();
+  if (!ok) ::shutdown(fd_, SHUT_RDWR);
+  return true;
+}
+
 bool Connection::flush_locked(std::vector<std::function<void()>>* completed) {
   constexpr int kMaxIov = 64;
   while (!sendq_.empty()) {

@@ -43,6 +43,9 @@ class Connection {
   // Returns false if the connection is already closed.
   bool send(const FrameHeader& h, const void* payload, size_t len,
             std::function<void()> on_sent = nullptr);
+  // Queues a frame with no payload ahead of every queued frame not yet started (a
+  // control message that must not wait behind megabytes of answers).
+  bool send_first(const FrameHeader& h);
   const Peer& peer() const { return peer_; }
   const std::string& desc() const { return desc_; }
   bool closed() const { return closed_.load(); }

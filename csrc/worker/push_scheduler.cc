@@ -16,6 +16,7 @@ PushScheduler::PushScheduler(size_t credit_bytes, size_t window_bytes,
                                                       total * server_weights.size())
                                 : window_bytes);
   queues_.resize(server_weights.size());
+  boosted_.resize(server_weights.size());
   unwritten_.assign(server_weights.size(), 0);
   unanswered_.assign(server_weights.size(), {});
 }
@@ -28,16 +29,24 @@ void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
                               std::to_string(p.server) + " of " + std::to_string(queues_.size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& p : parts) queues_[p.server].push(p);
+    for (auto& p : parts) queues_[p.server].insert(p);
   }
   cv_.notify_one();
 }
 
+const PushTicket* PushScheduler::head_locked(size_t s, bool* boosted) const {
+  *boosted = !boosted_[s].empty();
+  if (*boosted) return &*boosted_[s].begin();
+  return queues_[s].empty() ? nullptr : &*queues_[s].begin();
+}
+
 bool PushScheduler::admits_locked(size_t s) const {
-  if (queues_[s].empty()) return false;
-  const PushTicket& next = queues_[s].top();
+  bool boosted = false;
+  const PushTicket* head = head_locked(s, &boosted);
+  if (!head) return false;
+  const PushTicket& next = *head;
   if (unwritten_[s] != 0 && unwritten_[s] + next.len > credit_bytes_) return false;
-  if (window_bytes_ == 0) return true;
+  if (window_bytes_ == 0 || boosted) return true;
   UrgencyKey key = urgency(next);
   size_t ahead = 0;
   for (auto& kv : unanswered_[s]) {
@@ -52,15 +61,25 @@ size_t PushScheduler::take_admissible(std::vector<PushTicket>* out,
   std::lock_guard<std::mutex> lock(mu_);
   size_t taken = 0;
   while (!stop_) {
-    // The most urgent part among the servers that admit one.
+    // The most urgent part among the servers that admit one; boosted parts first.
     size_t best = queues_.size();
-    for (size_t s = 0; s < queues_.size(); ++s)
-      if (admits_locked(s) &&
-          (best == queues_.size() || urgency(queues_[s].top()) < urgency(queues_[best].top())))
+    const PushTicket* pick = nullptr;
+    bool pick_boosted = false;
+    for (size_t s = 0; s < queues_.size(); ++s) {
+      if (!admits_locked(s)) continue;
+      bool boosted = false;
+      const PushTicket* head = head_locked(s, &boosted);
+      if (!pick || (boosted && !pick_boosted) ||
+          (boosted == pick_boosted && urgency(*head) < urgency(*pick))) {
         best = s;
-    if (best == queues_.size()) break;
-    PushTicket t = queues_[best].top();
-    queues_[best].pop();
+        pick = head;
+        pick_boosted = boosted;
+      }
+    }
+    if (!pick) break;
+    PushTicket t = *pick;
+    queues_[best].erase(t);
+    boosted_[best].erase(t);
     if (keep && !keep(t)) continue;
     unwritten_[best] += t.len;
     unanswered_[best][urgency(t)] = t.len;
@@ -114,6 +133,21 @@ void PushScheduler::answered(const PushTicket& t) {
   if (wake) cv_.notify_one();
 }
 
+bool PushScheduler::boost(const PushTicket& t) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (t.server >= queues_.size()) return false;
+    auto it = queues_[t.server].find(t);
+    if (it == queues_[t.server].end()) return false;
+    if (!boosted_[t.server].insert(*it).second) return false;
+    ++boosts_;
+    wake = admits_locked(t.server);
+  }
+  if (wake) cv_.notify_one();
+  return true;
+}
+
 void PushScheduler::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -125,6 +159,11 @@ void PushScheduler::stop() {
 size_t PushScheduler::queued(size_t server) const {
   std::lock_guard<std::mutex> lock(mu_);
   return queues_.at(server).size();
+}
+
+uint64_t PushScheduler::boosts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return boosts_;
 }
 
 size_t PushScheduler::unwritten_bytes(size_t server) const {

@@ -17,6 +17,12 @@
 //   and not answered; every worker that has not pushed it has it, or something
 //   more urgent, at the head of its queue, and nothing unanswered ahead of
 //   that, so it may push it.
+// A server may nudge a worker (boost): every other pusher's copy of a part is in and only
+// this worker's is missing. The part then goes before every other part for that server
+// and outside the window (not the credit): a worker whose order diverged (a more urgent
+// gradient arrived just before or just after its link was free) would otherwise leave the
+// part for the end of the round while the server's answers for it wait. Deadlock freedom
+// holds: a boosted part only needs credit, which frees as bytes are written.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -24,7 +30,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <queue>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -75,19 +81,29 @@ class PushScheduler {
   void written(uint32_t server, size_t len);
   // A taken part was answered (or failed): it leaves its server's window.
   void answered(const PushTicket& t);
+  // The part t (as the worker queued it) is the last one its server waits for: pushes it
+  // next. False (and nothing changes) when it is not queued: already taken, or not yet.
+  bool boost(const PushTicket& t);
   void stop();
 
   // Introspection for tests and diagnostics.
   size_t queued(size_t server) const;
   size_t unwritten_bytes(size_t server) const;
   size_t unanswered_bytes(size_t server) const;
+  uint64_t boosts() const;
 
  private:
-  struct LessUrgent {
+  // Urgency, then the caller's tag: a failed push_pull's parts (dropped by keep when
+  // taken) may still be queued when the tensor's next push_pull queues the same parts.
+  struct MoreUrgent {
     bool operator()(const PushTicket& a, const PushTicket& b) const {
-      return urgency(a) > urgency(b);
+      auto ua = urgency(a), ub = urgency(b);
+      return ua < ub || (ua == ub && a.tag < b.tag);
     }
   };
+  using Queue = std::set<PushTicket, MoreUrgent>;
+  // Server s's next part (boosted ones first), or null; *boosted says which (mu_ held).
+  const PushTicket* head_locked(size_t s, bool* boosted) const;
   // Whether server s admits the head of its queue now (mu_ held).
   bool admits_locked(size_t s) const;
 
@@ -99,7 +115,9 @@ class PushScheduler {
   // table); nothing is locked while calling into the scheduler's methods.
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::priority_queue<PushTicket, std::vector<PushTicket>, LessUrgent>> queues_;
+  std::vector<Queue> queues_;
+  std::vector<Queue> boosted_;  // queued parts a server is waiting for from this worker only
+  uint64_t boosts_ = 0;
   std::vector<size_t> unwritten_;  // bytes taken, not yet written to the socket
   // Parts taken and not yet answered, per server: urgency -> bytes.
   std::vector<std::map<UrgencyKey, size_t>> unanswered_;

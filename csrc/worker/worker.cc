@@ -611,6 +611,7 @@ void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
     return nullptr;
   }
   if (from_peer) return reducer_->on_peer_header(c, h, why);
+  if (type == MsgType::kNudge) return nullptr;  // len 0 (frame_check): on_frame acts on it
   if (type == MsgType::kError || type == MsgType::kFatal || type == MsgType::kShmAttached) {
     auto text = std::make_shared<std::string>(h.len, '\0');
     void* dst = text->data();
@@ -665,6 +666,17 @@ void Worker::on_frame(Connection* c, const FrameHeader& h, void* payload) {
   if (type == MsgType::kFatal) {
     auto text = std::static_pointer_cast<std::string>(std::move(c->rx_hold));
     abort(*text);
+    return;
+  }
+  if (type == MsgType::kNudge) {
+    // Every other worker's copy of this part is at the server: push it next, unless it is
+    // already on its way (or not submitted yet, or the local peer pushes it). A nudge that
+    // crossed this worker's push meets the tensor's next round, if queued: that part only
+    // goes a little early.
+    PartTask t;
+    if (parts_.get(part_key(h.tensor, h.part), &t) && t.owned && !t.in_flight &&
+        scheduler_.boost(t.ticket()))
+      stats_.nudged++;
     return;
   }
   if (type == MsgType::kShmAttached) {

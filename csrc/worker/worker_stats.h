@@ -12,6 +12,7 @@ struct WorkerStats {
   std::atomic<uint64_t> contributed_shm{0};     // parts handed to a local owner in shm
   std::atomic<uint64_t> contributed_socket{0};  // ... over the local socket (no slot free)
   std::atomic<uint64_t> pushed_routed{0};       // routed pushes (forward/concat), over TCP
+  std::atomic<uint64_t> nudged{0};  // parts a server was waiting for from this worker only
   // Every byte this worker wrote to / read from its sockets (servers and local peers),
   // frame headers included: what the bytes-on-the-wire benchmark measures.
   std::atomic<uint64_t> socket_bytes_sent{0};

@@ -137,6 +137,45 @@ TEST(PushScheduler, DroppedPartsAreNotCharged) {
   EXPECT_EQ(s.queued(0), 0u);
 }
 
+TEST(PushScheduler, BoostedPartGoesFirstOutsideTheWindowButNotTheCredit) {
+  PushScheduler s(100, 100, {1.0});
+  PushTicket urgent = part(9, 1, 0, 0, 100), late = part(0, 2, 5, 0, 100);
+  s.enqueue({urgent, part(5, 1, 1, 0, 100), late});
+  std::vector<PushTicket> out;
+  ASSERT_EQ(s.take_admissible(&out), 1u);  // the urgent part; credit and window now full
+  EXPECT_EQ(urgency(out[0]), urgency(urgent));
+  EXPECT_TRUE(s.boost(late));
+  EXPECT_FALSE(s.boost(late));  // once
+  out.clear();
+  EXPECT_EQ(s.take_admissible(&out), 0u);  // credit still holds the first part
+  s.written(0, 100);                       // the window (100 unanswered) would hold it
+  ASSERT_EQ(s.take_admissible(&out), 1u);
+  EXPECT_EQ(urgency(out[0]), urgency(late));
+  EXPECT_EQ(s.boosts(), 1u);
+  EXPECT_EQ(s.queued(0), 1u);
+  EXPECT_FALSE(s.boost(late));  // taken: nothing to boost
+  PushTicket other_round = part(5, 1, 1, 0, 100);
+  other_round.tag = 7;  // a later push_pull's part: not the one queued
+  EXPECT_FALSE(s.boost(other_round));
+  EXPECT_FALSE(s.boost(part(0, 3, 0, 0, 100)));  // never queued
+  EXPECT_FALSE(s.boost(part(0, 3, 0, 4, 100)));  // no such server
+}
+
+TEST(PushScheduler, SamePartOfAFailedAndANewPushPullBothQueue) {
+  PushScheduler s(1000, 0, {1.0});
+  PushTicket old_round = part(1, 4, 0, 0, 10), new_round = part(1, 4, 0, 0, 10);
+  old_round.tag = 1;
+  new_round.tag = 2;
+  s.enqueue({old_round});
+  s.enqueue({new_round});
+  EXPECT_EQ(s.queued(0), 2u);
+  std::vector<PushTicket> out;
+  // keep drops the failed push_pull's part, as the worker does; the new one goes
+  EXPECT_EQ(s.take_admissible(&out, [](const PushTicket& t) { return t.tag == 2; }), 1u);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].tag, 2);
+}
+
 TEST(PushScheduler, RejectsUnknownServer) {
   PushScheduler s(100, 100, {1.0, 1.0});
   EXPECT_THROW(s.enqueue({part(0, 1, 0, 2, 8)}), std::out_of_range);

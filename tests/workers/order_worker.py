@@ -13,6 +13,7 @@ import sys
 import time
 
 import fastps
+from fastps import api
 import numpy as np
 
 
@@ -92,7 +93,8 @@ def main() -> int:
                     f"WRONG SUM rank {rank} tensor t{i} iter {it}: {out[:3]} != {want}", flush=True
                 )
                 return 1
-    print(f"ORDER-OK rank {rank}", flush=True)
+    nudged = api.data_path_stats()["nudged"]
+    print(f"ORDER-OK rank {rank} nudged {nudged}", flush=True)
     fastps.shutdown()
     return 0
 
