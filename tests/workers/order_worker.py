@@ -13,8 +13,8 @@ import sys
 import time
 
 import fastps
-from fastps import api
 import numpy as np
+from fastps import api
 
 
 def large_reversed(mode: str) -> int:
