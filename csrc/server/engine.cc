@@ -197,7 +197,9 @@ void SumEngine::handle(PushWork& w) {
   }
   st.reply_to[h.sender] = w.conn;
   st.wants[h.sender] = !(h.flags & kFlagNoReply);
-  conn_of_rank_[h.sender] = w.conn;
+  // Workers' own connections only: a rack relay pushes under a worker's rank, and a nudge
+  // is a worker's frame (rack_relay.h).
+  if (w.conn && !(w.conn->peer().conn_index & kRelayConnBit)) conn_of_rank_[h.sender] = w.conn;
   size_t count = h.len / dtype_size(static_cast<DType>(h.dtype));
   if (!(h.flags & kFlagNoData)) st.contributed++;
   if (h.flags & kFlagNoData) {

@@ -132,7 +132,8 @@ class SumEngine {
   std::atomic<uint64_t> async_updates_{0};
   std::atomic<uint64_t> nudges_{0};
   bool nudge_;
-  std::vector<std::weak_ptr<Connection>> conn_of_rank_;  // the last push's, per worker
+  // Per worker rank, the connection of its last push (never a rack relay's).
+  std::vector<std::weak_ptr<Connection>> conn_of_rank_;
   CompressedSum compressed_;  // compressed parts' rounds (docs/compression.md)
   RackRelay* relay_ = nullptr;
   std::function<void(const std::string&)> fatal_;
