@@ -1147,6 +1147,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--scale must be in (0, 1], got {args.scale}")
     if args.sparse_embedding and args.scale != 1.0:
         p.error("--sparse-embedding needs the real table (--scale 1)")
+    if args.keep_timeline is not None and not args.timeline_pairs:
+        p.error("--keep-timeline keeps the traces of --timeline-pairs runs: give --timeline-pairs")
     if args.child:
         return args
     for r in args.ratios:

@@ -291,6 +291,13 @@ class _Env:
             raise _bad(var, value, 'must be "auto" or a finite rate in Mbit/s >= 0')
         return result
 
+    def switch(self, var: str, default: bool) -> bool:
+        """An on/off variable: 1/0, true/false, yes/no, on/off (any case); unset: default."""
+        text = (self.raw(var) or ("1" if default else "0")).strip().lower()
+        if text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise _bad(var, text, "expected 1/0 (true/false, yes/no, on/off)")
+        return text in ("1", "true", "yes", "on")
+
     def seconds(self, var: str, default: float) -> float:
         value = self.raw(var)
         if value is None:
@@ -411,12 +418,7 @@ class Config:
                 f"invalid {rank_src or 'FASTPS_RANK'}={rank}: must be < the number of workers "
                 f"({nw_src or 'FASTPS_NUM_WORKERS'}={num_workers})"
             )
-        elastic_text = (e.raw("FASTPS_ELASTIC_SERVERS") or "0").strip().lower()
-        if elastic_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise _bad(
-                "FASTPS_ELASTIC_SERVERS", elastic_text, "expected 1/0 (true/false, yes/no, on/off)"
-            )
-        elastic_servers = elastic_text in ("1", "true", "yes", "on")
+        elastic_servers = e.switch("FASTPS_ELASTIC_SERVERS", False)
         # A server that joins a running job may take an id past the first ones.
         if role == "server" and server_id >= max(num_servers, 1) and not elastic_servers:
             raise FastPSError(
@@ -444,14 +446,8 @@ class Config:
                 f"FASTPS_HEARTBEAT_INTERVAL={heartbeat_interval:g}"
             )
 
-        shm_text = (e.raw("FASTPS_SHM") or "1").strip().lower()
-        if shm_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise _bad("FASTPS_SHM", shm_text, "expected 1/0 (true/false, yes/no, on/off)")
-        shm = shm_text in ("1", "true", "yes", "on")
-        nudge_text = (e.raw("FASTPS_NUDGE") or "1").strip().lower()
-        if nudge_text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise _bad("FASTPS_NUDGE", nudge_text, "expected 1/0 (true/false, yes/no, on/off)")
-        nudge = nudge_text in ("1", "true", "yes", "on")
+        shm = e.switch("FASTPS_SHM", True)
+        nudge = e.switch("FASTPS_NUDGE", True)
 
         partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
         if partition_bytes is not None and partition_bytes > MAX_PARTITION_BYTES:

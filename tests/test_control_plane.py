@@ -194,6 +194,8 @@ def test_config_defaults() -> None:
     assert set_.window_bytes == 0 and set_.fusion_threshold == 0
     assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
     assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
+    assert Config.from_env({}).nudge and not Config.from_env({"FASTPS_NUDGE": "Off"}).nudge
+    assert not Config.from_env({}).elastic_servers and not Config.from_env({"FASTPS_SHM": "no"}).shm
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.io_threads, cfg.handshake_timeout) == (1, 5.0)
     tuned = Config.from_env({"FASTPS_IO_THREADS": "3", "FASTPS_HANDSHAKE_TIMEOUT": "0.5"})
@@ -248,6 +250,9 @@ def test_config_rank_fallbacks(
         ("FASTPS_LINK_MBIT", "1Gbit"),
         ("FASTPS_LINK_MBIT", "-5"),
         ("FASTPS_LINK_MBIT", "inf"),
+        ("FASTPS_NUDGE", "sometimes"),
+        ("FASTPS_SHM", "2"),
+        ("FASTPS_ELASTIC_SERVERS", "maybe"),
     ],
 )
 def test_config_bad_values_name_the_variable(var: str, value: str) -> None:

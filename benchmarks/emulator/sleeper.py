@@ -54,18 +54,14 @@ class _Clock:
     def __init__(self) -> None:
         self.device_t = 0.0
         self.called_at: Optional[float] = None  # when EmulatedModel called the layer
-        self.absorbed_s = 0.0  # host time behind the timeline that no layer waited for
 
     def sync(self, now: float) -> None:
         if now > self.device_t:
             self.device_t = now
 
     def spend(self, seconds: float) -> None:
-        now = time.perf_counter()
-        if now > self.device_t:
-            self.absorbed_s += now - self.device_t
         self.device_t += seconds
-        wait = self.device_t - now
+        wait = self.device_t - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
 

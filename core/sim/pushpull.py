@@ -180,6 +180,9 @@ class PushPull:
         self._ids: Dict[str, int] = {}
         self._arrived: Dict[Tuple[int, int, int], int] = {}  # (server, tensor, part) -> groups
         self._pushers: Dict[Tuple[int, int, int], Set[int]] = {}  # ... which ones (nudges)
+        # As the real servers: nudges where every pusher is one worker, 3 or more of them.
+        groups = lay.worker_groups
+        self._nudges = opts.nudge and len(groups) >= 3 and all(g.count == 1 for g in groups)
         self._left: Dict[Tuple[int, int], int] = {}  # (worker group, tensor) -> parts left
         self._done: Dict[Tuple[int, int], Callable[[], None]] = {}
         self._tag: Dict[Tuple[int, int], Tuple[int, int, int, int]] = {}
@@ -253,7 +256,7 @@ class PushPull:
         key = (s, tid, idx)
         got = self._arrived.get(key, 0) + 1
         groups = self.lay.worker_groups
-        if self.opts.nudge and len(groups) >= 3 and all(g.count == 1 for g in groups):
+        if self._nudges:
             pushed = self._pushers.setdefault(key, set())
             pushed.add(pusher)
             if got == len(groups) - 1:

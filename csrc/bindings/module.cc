@@ -152,26 +152,13 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "answered",
           [](PushScheduler& s, int priority, uint64_t tensor, uint32_t part, uint32_t server) {
-            PushTicket t;
-            t.priority = priority;
-            t.tensor = tensor;
-            t.part = part;
-            t.server = server;
-            s.answered(t);
+            s.answered(PushTicket{priority, tensor, part, server, 0, 0});
           },
           py::arg("priority"), py::arg("tensor"), py::arg("part"), py::arg("server"))
       .def(
           "boost",
           [](PushScheduler& s, int priority, uint64_t tensor, uint32_t part, uint32_t server,
-             int64_t tag) {
-            PushTicket t;
-            t.priority = priority;
-            t.tensor = tensor;
-            t.part = part;
-            t.server = server;
-            t.tag = tag;
-            return s.boost(t);
-          },
+             int64_t tag) { return s.boost(PushTicket{priority, tensor, part, server, 0, tag}); },
           py::arg("priority"), py::arg("tensor"), py::arg("part"), py::arg("server"),
           py::arg("tag") = 0)
       .def("boosts", &PushScheduler::boosts)

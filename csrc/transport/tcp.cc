@@ -26,12 +26,25 @@ Connection::~Connection() {
 
 bool Connection::send(const FrameHeader& h, const void* payload, size_t len,
                       std::function<void()> on_sent) {
+  return queue(SendItem{h, payload, len, 0, std::move(on_sent)}, false);
+}
+
+bool Connection::send_first(const FrameHeader& h) {
+  return queue(SendItem{h, nullptr, 0, 0, nullptr}, true);
+}
+
+bool Connection::queue(SendItem item, bool first) {
   std::vector<std::function<void()>> completed;
   bool ok = true;
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     if (closed_.load()) return false;
-    sendq_.push_back(SendItem{h, payload, len, 0, std::move(on_sent)});
+    auto pos = sendq_.end();
+    if (first) {
+      pos = sendq_.begin();
+      if (pos != sendq_.end() && pos->done > 0) ++pos;  // a frame half written stays whole
+    }
+    sendq_.insert(pos, std::move(item));
     // Only the first queued item writes directly; otherwise the loop (or the
     // writer ahead of us) drains the queue in order.
     if (sendq_.size() == 1 && !want_write_) {
@@ -45,26 +58,6 @@ bool Connection::send(const FrameHeader& h, const void* payload, size_t len,
     // The loop sees the error on its next wakeup (EPOLLERR/EPOLLHUP) and closes.
     ::shutdown(fd_, SHUT_RDWR);
   }
-  return true;
-}
-
-bool Connection::send_first(const FrameHeader& h) {
-  std::vector<std::function<void()>> completed;
-  bool ok = true;
-  {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    if (closed_.load()) return false;
-    auto pos = sendq_.begin();
-    if (pos != sendq_.end() && pos->done > 0) ++pos;  // a frame half written stays whole
-    sendq_.insert(pos, SendItem{h, nullptr, 0, 0, nullptr});
-    if (sendq_.size() == 1 && !want_write_) {
-      ok = flush_locked(&completed);
-      if (ok && !sendq_.empty()) set_want_write(true);
-    }
-  }
-  for (auto& cb : completed)
-    if (cb) cb();
-  if (!ok) ::shutdown(fd_, SHUT_RDWR);
   return true;
 }
 

@@ -74,6 +74,9 @@ class Connection {
     size_t done;  // bytes of header+payload already written
     std::function<void()> on_sent;
   };
+  // send and send_first: queues item (at the back, or ahead of every frame not yet
+  // started) and writes at once when the queue was empty.
+  bool queue(SendItem item, bool first);
   // Writes as much as the socket takes; collects completed callbacks.
   // Returns false on a fatal socket error. Caller holds send_mu_.
   bool flush_locked(std::vector<std::function<void()>>* completed);

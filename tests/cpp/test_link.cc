@@ -150,6 +150,33 @@ TEST_F(LinkTest, MemoryPayloadIsKeptAliveUntilWritten) {
   EXPECT_TRUE(watch.expired());
 }
 
+TEST_F(LinkTest, SendFirstOvertakesQueuedFramesAndKeepsThemWhole) {
+  // 8 frames of 8 MiB take far longer to drain than queuing one header does.
+  auto bulk = std::make_shared<std::string>(8 << 20, 'b');
+  for (int i = 0; i < 8; ++i) {
+    FrameHeader h = header();
+    h.part = static_cast<uint32_t>(i);
+    ASSERT_TRUE(Link(tx_, false).send(h, Payload::memory(bulk->data(), bulk->size(), bulk)));
+  }
+  FrameHeader urgent = header();
+  urgent.type = 11;
+  urgent.part = 100;
+  ASSERT_TRUE(tx_->send_first(urgent));
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 9; }));
+  size_t at = 9;
+  for (size_t i = 0; i < rec_.frames.size(); ++i) {
+    if (rec_.frames[i].part == 100) {
+      at = i;
+      EXPECT_EQ(rec_.frames[i].type, 11);
+      EXPECT_EQ(rec_.payloads[i], "");
+    } else {
+      EXPECT_EQ(rec_.payloads[i].size(), bulk->size());  // no frame cut by the overtaking one
+      EXPECT_EQ(rec_.payloads[i].find_first_not_of('b'), std::string::npos);
+    }
+  }
+  EXPECT_LT(at, 8u);  // ahead of the frames queued before it, not behind all of them
+}
+
 TEST(Payload, SlotReferenceCounts) {
   std::string name = shm_segment_name("cpptest-refs-" + std::to_string(::getpid()), 0);
   auto seg = ShmSegment::create(name, 4 * kShmPage);

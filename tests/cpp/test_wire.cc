@@ -131,6 +131,27 @@ TEST(Wire, RelayedPushesAreCheckedBeforeUse) {
   EXPECT_NE(why.find("other than a push as relayed"), std::string::npos) << why;
 }
 
+TEST(Wire, NudgesAreEmptyAndOnlyServersSendThem) {
+  FrameHeader h = sample();
+  h.type = static_cast<uint8_t>(MsgType::kNudge);
+  h.flags = 0;
+  h.len = 0;
+  std::string why;
+  EXPECT_TRUE(check_frame_header(h, &why)) << why;
+  h.len = 8;  // a nudge carries nothing
+  EXPECT_FALSE(check_frame_header(h, &why));
+  EXPECT_NE(why.find("len"), std::string::npos) << why;
+  h.len = 0;
+  h.sender = 1;
+  why.clear();
+  EXPECT_FALSE(check_server_frame(h, 1, 4, &why));  // a worker may not send one
+  EXPECT_NE(why.find("not a worker-to-server message"), std::string::npos) << why;
+  h.type = static_cast<uint8_t>(MsgType::kNudge) + 1;
+  why.clear();
+  EXPECT_FALSE(check_frame_header(h, &why));
+  EXPECT_NE(why.find("not a known message type"), std::string::npos) << why;
+}
+
 TEST(Wire, PartKeyIsStableAndSeparatesParts) {
   EXPECT_EQ(part_key(12345, 0), 12345u);
   EXPECT_EQ(part_key(12345, 7), part_key(12345, 7));
