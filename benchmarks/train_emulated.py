@@ -8,7 +8,7 @@ for the network stacks and servers. Per model and compute-to-communication ratio
 measures:
 
 - compute alone: one process, no communication (the measured compute time C, including the
-  optimizer's update and the emulator's overhead);
+  optimizer's update at a V100's speed and the emulator's overhead);
 - fastps with cross-barrier updates (``cross_barrier=True``), without, and with
   cross-barrier updates but every gradient at the same priority (what P3's order buys),
   at each k;
@@ -187,9 +187,19 @@ def _train(
     phases: List[List[float]] = [[], [], [], []]  # zero_grad, forward, backward, step
     counts: List[Tuple[float, ...]] = []  # --stalls: _counters before each timed iteration
     backward_end: List[float] = []  # --stalls: when each iteration's backward pass ended
+    from benchmarks.emulator.sleeper import CLOCK
+
     applies = _counting_applies(cb) if args.stalls and cb is not None else [0]
     watch = _GcWatch()
     clock = time.perf_counter
+    # The emulated GPU runs the optimizer's updates (sleeper._Clock): tell it where the
+    # host spends time on them. Cross-barrier counts its own; a synchronous step() is all
+    # update once its gradients are in (fastps's waits for them first, timed apart).
+    if cb is not None:
+        CLOCK.count_updates(lambda: cb.update_s)
+    else:
+        CLOCK.count_updates()
+    sums_first = getattr(opt, "skip_synchronize", None) if cb is None else None
 
     def step() -> None:
         t0 = clock()
@@ -199,8 +209,17 @@ def _train(
         t2 = clock()
         loss.backward()
         t3 = clock()
-        opt.step()
+        if sums_first is not None:
+            opt.synchronize()
+            u = clock()
+            with sums_first():
+                opt.step()
+        else:
+            u = clock()
+            opt.step()
         t4 = clock()
+        if cb is None:
+            CLOCK.stepped_s += t4 - u
         if args.stalls:
             for ph, d in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 ph.append(d)

@@ -142,6 +142,59 @@ def test_sleeping_model_trains_through_autograd() -> None:
     assert len(got) == 161 and max(abs(a - b) for a, b in zip(want, got)) < 1e-9
 
 
+def test_update_time_is_the_gpus_not_the_hosts() -> None:
+    """Host time spent applying updates (counted where count_updates says) does not stretch
+    the emulated pass, whether the update runs before it (a synchronous step) or in a layer's
+    forward pre-hook (cross-barrier); the V100's time for the update is added once per pass.
+    Time spent waiting in a pre-hook still counts."""
+    import torch
+
+    from benchmarks.emulator.sleeper import CLOCK, EmulatedModel
+
+    spec = em.scaled(em.spec("resnet50"), 0.01)
+    model = EmulatedModel(spec, 0.6, rank=0)
+    numel = sum(p.numel() for p in model.parameters())
+    assert model.update_s == pytest.approx(
+        12 * numel / em.V100_MEMORY_BYTES_S * 0.6 / em.reference_iteration_s(spec)
+    )
+    model.update_s = 0.05  # large enough to see in one pass
+    spent = [0.0]
+    CLOCK.count_updates(lambda: spent[0])
+    first = next(iter(model.layers.values()))
+    last = list(model.layers.values())[-1]
+    busy = {"first": 0.0, "last": 0.0, "wait": 0.0}
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        key = "first" if module is first else "last" if module is last else ""
+        if key:  # an update: host time, counted
+            t = time.perf_counter()
+            while time.perf_counter() - t < busy[key]:
+                pass
+            spent[0] += time.perf_counter() - t
+        if module is last and busy["wait"]:
+            time.sleep(busy["wait"])  # waiting for a sum: not counted as an update
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        x = torch.zeros(1)
+
+        def pass_s() -> float:  # forward and backward, as the GPU's timeline ends them
+            t = time.perf_counter()
+            model(x).sum().backward()
+            return time.perf_counter() - t
+
+        pass_s()
+        base = pass_s()  # 0.6 s of layers + 0.05 s of update
+        assert 0.64 <= base < 0.8, base
+        busy.update(first=0.05, last=0.05)
+        assert pass_s() < base + 0.04  # 0.1 s of host updates absorbed
+        busy.update(first=0.0, last=0.0, wait=0.1)
+        assert pass_s() >= base + 0.08  # a wait at the last layer is a real dependency
+    finally:
+        handle.remove()
+        CLOCK.count_updates()
+
+
 @pytest.mark.slow
 def test_loopback_run_of_every_system() -> None:
     res = subprocess.run(

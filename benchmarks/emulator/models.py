@@ -31,6 +31,9 @@ import numpy as np
 Shape = Tuple[int, ...]
 
 V100_RESNET50_IMAGES_S = 367.0  # FP32, 1x V100 16 GB, NVIDIA DeepLearningExamples (PyTorch)
+# HBM2 bandwidth of a V100 SXM2 (NVIDIA Tesla V100 datasheet): what an optimizer's update,
+# a few streams over every parameter, runs at on the GPU.
+V100_MEMORY_BYTES_S = 900e9
 REFERENCE_LINK_MBIT = 10_000.0  # the reference cluster's link the times belong to
 
 
@@ -276,6 +279,13 @@ def sustained_flops_s() -> float:
 def reference_iteration_s(model: ModelSpec) -> float:
     """Compute time of one training iteration (forward + backward) on one V100, FP32."""
     return 3.0 * model.forward_flops * model.batch / sustained_flops_s()
+
+
+def update_time(numel: float, iteration_s: float, model: ModelSpec) -> float:
+    """Seconds a V100 takes for plain SGD's update of ``numel`` float32 parameters (read the
+    parameter and its gradient, write the parameter), on the same scale as the layers when an
+    iteration's compute takes ``iteration_s``."""
+    return 3 * 4 * numel / V100_MEMORY_BYTES_S * iteration_s / reference_iteration_s(model)
 
 
 def layer_times(model: ModelSpec, iteration_s: float) -> List[Tuple[float, float]]:

@@ -23,11 +23,11 @@ through a few precomputed row sets, so nothing is sampled per step.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .models import BERT_CLS, SPARSE_PARAM, ModelSpec, layer_times, sample_rows
+from .models import BERT_CLS, SPARSE_PARAM, ModelSpec, layer_times, sample_rows, update_time
 
 SPARSE_SETS = 4  # distinct row sets each rank cycles through
 
@@ -46,7 +46,13 @@ class _Clock:
     it may have waited for sums) and a layer whose forward pre-hooks blocked (cross-barrier
     waiting for that layer's update; applying it counts too, which a GPU would do in a
     fraction of the time). If the host falls behind the timeline for good, layers stop
-    sleeping and the pass takes the host's time, as an overloaded host would on a GPU."""
+    sleeping and the pass takes the host's time, as an overloaded host would on a GPU.
+
+    The optimizer's update is GPU work too: its host time here (torch's SGD over the real
+    parameters on the busy 2 cores, per layer with cross-barrier updates) is taken out of
+    every ``sync``, and what a V100 would take for it (``models.update_time``) is added to
+    the timeline once per pass. ``count_updates`` says where the host's update time is
+    counted."""
 
     # Forward pre-hooks that took longer than this waited for something (or did real work)
     HOOK_WAIT_S = 2.5e-4
@@ -54,10 +60,31 @@ class _Clock:
     def __init__(self) -> None:
         self.device_t = 0.0
         self.called_at: Optional[float] = None  # when EmulatedModel called the layer
+        self.stepped_s = 0.0  # host seconds in synchronous optimizer steps (the caller adds)
+        self._updates: Callable[[], float] = lambda: self.stepped_s
+        self._seen = 0.0
+
+    def count_updates(self, total_s: Optional[Callable[[], float]] = None) -> None:
+        """From now on the host's update time is ``total_s()`` (a running total, e.g. the
+        cross-barrier's ``update_s``); None: ``stepped_s``."""
+        self._updates = total_s if total_s is not None else (lambda: self.stepped_s)
+        self._seen = self._updates()
+
+    def _host_updates(self) -> float:
+        """Host seconds spent on updates since the last call."""
+        total = self._updates()
+        spent, self._seen = total - self._seen, total
+        return max(0.0, spent)
 
     def sync(self, now: float) -> None:
         if now > self.device_t:
             self.device_t = now
+
+    def start_pass(self, update_s: float) -> None:
+        """A forward pass starts: on the host's clock less the host's update time since the
+        last layer, then the GPU runs the optimizer's update (``update_s``)."""
+        self.sync(time.perf_counter() - self._host_updates())
+        self.device_t += update_s
 
     def spend(self, seconds: float) -> None:
         self.device_t += seconds
@@ -67,7 +94,7 @@ class _Clock:
 
     def before_forward(self) -> None:
         """In a layer's forward, after every forward pre-hook ran."""
-        now = time.perf_counter()
+        now = time.perf_counter() - self._host_updates()
         called = self.called_at
         self.called_at = None
         if called is None or now - called > self.HOOK_WAIT_S:
@@ -179,13 +206,21 @@ class EmulatedModel(torch.nn.Module):
             self.layers[key] = EmulatedLayer(params, fwd, bwd, values)
         if sparse_embedding and not any(isinstance(m, EmulatedTable) for m in self.layers.values()):
             raise ValueError(f"{spec.name} has no {SPARSE_PARAM} to give a sparse gradient")
+        # the GPU's time for one update: every dense parameter, the rows a sparse one uses
+        numel = 0.0
+        for layer in self.layers.values():
+            if isinstance(layer, EmulatedTable) and layer.sparse_grads:
+                numel += layer.sparse_grads[0].values().numel()
+            else:
+                numel += sum(p.numel() for p in layer.param_list)
+        self.update_s = update_time(numel, iteration_s, spec)
 
     def probes(self) -> List[float]:
         """``EmulatedLayer.probe`` of every parameter, in ``parameters()`` order."""
         return [v for layer in self.layers.values() for v in layer.probe()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        CLOCK.sync(time.perf_counter())  # a pass starts on the host's clock
+        CLOCK.start_pass(self.update_s)  # a pass starts on the host's clock
         for layer in self.layers.values():
             CLOCK.called_at = time.perf_counter()  # pre-hooks from here to _Sleep.forward
             x = layer(x)
