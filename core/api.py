@@ -273,6 +273,7 @@ def worker_options(
     opts.token = cfg.token
     opts.partition_bytes, opts.credit_bytes = cfg.part_sizes(hosts, racks)
     opts.window_bytes = cfg.window_bytes
+    opts.nudge_min_wait_us = round(cfg.nudge_min_wait * 1e6)
     opts.fusion_threshold = cfg.fusion_threshold
     opts.notsent_lowat = cfg.notsent_lowat
     opts.conns_per_server = cfg.conns_per_server

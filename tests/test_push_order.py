@@ -39,16 +39,20 @@ def test_shuffled_orders_finish_with_exact_sums(mode: str, window: str) -> None:
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
 
 
-@pytest.mark.parametrize("nudge", ["1", "0"])
-def test_servers_nudge_the_last_pusher(nudge: str) -> None:
+@pytest.mark.parametrize(
+    "nudge, min_wait, nudged_some", [("1", "0", True), ("1", "60", False), ("0", "0", False)]
+)
+def test_servers_nudge_the_last_pusher(nudge: str, min_wait: str, nudged_some: bool) -> None:
     # Three workers in shuffled, skewed orders, one server each: parts wait for one worker
     # while the other two copies are in, so servers nudge it (FASTPS_NUDGE, on by default)
-    # and it pushes them early; sums stay exact either way, and FASTPS_NUDGE=0 sends none.
+    # and it pushes them early; sums stay exact either way. FASTPS_NUDGE=0 sends none, and
+    # with FASTPS_NUDGE_MIN_WAIT=60 no queued part has waited long enough to move.
     env = {
         "FASTPS_PARTITION_BYTES": "8K",
         "FASTPS_CREDIT_BYTES": "8K",
         "FASTPS_OP_TIMEOUT": "60",
         "FASTPS_NUDGE": nudge,
+        "FASTPS_NUDGE_MIN_WAIT": min_wait,
     }
     with Job(
         3,
@@ -64,7 +68,7 @@ def test_servers_nudge_the_last_pusher(nudge: str) -> None:
             m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
             assert w.popen.returncode == 0 and m, job.dump()
             nudged.append(int(m.group(1)))
-        if nudge == "1":
+        if nudged_some:
             assert sum(nudged) > 0, (nudged, job.dump())
         else:
             assert sum(nudged) == 0, (nudged, job.dump())

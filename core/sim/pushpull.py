@@ -45,6 +45,9 @@ class CommOptions:
     # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE; the
     # real scheduler's boost). Modelled one latency after that copy, ahead of any answer.
     nudge: bool = True
+    # ... which moves a part ahead only once it has waited this long in the worker's queue
+    # (FASTPS_NUDGE_MIN_WAIT).
+    nudge_min_wait_s: float = config.DEFAULT_NUDGE_MIN_WAIT
 
     def check(self) -> None:
         if self.partition_bytes <= 0:
@@ -53,6 +56,8 @@ class CommOptions:
             raise ValueError(f"window_bytes must be >= 0, got {self.window_bytes}")
         if not 0 < self.compression <= 1:
             raise ValueError(f"compression must be in (0, 1], got {self.compression}")
+        if not self.nudge_min_wait_s >= 0:
+            raise ValueError(f"nudge_min_wait_s must be >= 0, got {self.nudge_min_wait_s}")
         if not self.answer_headroom >= 1:
             raise ValueError(f"answer_headroom must be >= 1, got {self.answer_headroom}")
         if not self.kernel_gbps > 0:
@@ -173,7 +178,8 @@ class PushPull:
         credit = opts.credit_bytes or opts.partition_bytes
         window = int(opts.window_bytes * lay.num_servers / len(lay.groups))
         self.sched = {
-            a.index: _core.PushScheduler(credit, window, self.shares) for a in lay.worker_groups
+            a.index: _core.PushScheduler(credit, window, self.shares, opts.nudge_min_wait_s)
+            for a in lay.worker_groups
         }
         self.engines = {s.index: _Engine(loop, engine_threads) for s in lay.groups}
         self._parts: Dict[Tuple[str, int], List[Tuple[int, int, int]]] = {}
@@ -226,7 +232,7 @@ class PushPull:
         tickets = []
         for idx, ln, s in parts:
             tickets.append((priority, tid, idx, s, ln, 0))
-        self.sched[group.index].enqueue(tickets)
+        self.sched[group.index].enqueue(tickets, self.loop.now)
         self._pump(group)
 
     def _pump(self, group: HostGroup) -> None:
@@ -274,7 +280,7 @@ class PushPull:
             )
 
     def _nudge(self, group: HostGroup, s: int, tid: int, idx: int, prio: int) -> None:
-        if self.sched[group.index].boost(prio, tid, idx, s):
+        if self.sched[group.index].boost(prio, tid, idx, s, 0, self.loop.now):
             self._pump(group)
 
     def _answered(self, group: HostGroup, s: int, tid: int, idx: int, prio: int) -> None:

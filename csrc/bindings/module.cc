@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <tuple>
 
@@ -24,6 +25,7 @@ using namespace fastps;
 
 namespace {
 void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+int64_t to_us(double seconds) { return static_cast<int64_t>(std::llround(seconds * 1e6)); }
 
 // A list-valued option: read as a tuple, so that `opts.servers.append(x)` fails
 // loudly instead of changing a copy; set by assigning a whole list.
@@ -66,6 +68,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("partition_bytes", &WorkerOptions::partition_bytes)
       .def_readwrite("credit_bytes", &WorkerOptions::credit_bytes)
       .def_readwrite("window_bytes", &WorkerOptions::window_bytes)
+      .def_readwrite("nudge_min_wait_us", &WorkerOptions::nudge_min_wait_us)
       .def_readwrite("notsent_lowat", &WorkerOptions::notsent_lowat)
       .def_readwrite("conns_per_server", &WorkerOptions::conns_per_server)
       .def_readwrite("connect_timeout_s", &WorkerOptions::connect_timeout_s)
@@ -123,21 +126,29 @@ PYBIND11_MODULE(_core, m) {
   m.def("tensor_id", &tensor_id_of);
   // The worker's push order and limits, for the simulator: it feeds the real scheduler
   // tickets (priority, tensor, part, server, len, tag) and tells it what was written and
-  // answered, so simulated pushes follow the same urgency, credit and window rules.
+  // answered, so simulated pushes follow the same urgency, credit and window rules. Times
+  // (now) are the simulation's seconds.
   py::class_<PushScheduler>(m, "PushScheduler")
-      .def(py::init<size_t, size_t, const std::vector<double>&>(), py::arg("credit_bytes"),
-           py::arg("window_bytes"), py::arg("server_weights"))
-      .def("enqueue",
-           [](PushScheduler& s,
-              const std::vector<std::tuple<int, uint64_t, uint32_t, uint32_t, size_t, int64_t>>&
-                  parts) {
-             std::vector<PushTicket> t;
-             t.reserve(parts.size());
-             for (auto& p : parts)
-               t.push_back(PushTicket{std::get<0>(p), std::get<1>(p), std::get<2>(p),
-                                      std::get<3>(p), std::get<4>(p), std::get<5>(p)});
-             s.enqueue(t);
-           })
+      .def(py::init([](size_t credit, size_t window, const std::vector<double>& weights,
+                       double boost_min_wait_s) {
+             return new PushScheduler(credit, window, weights, to_us(boost_min_wait_s));
+           }),
+           py::arg("credit_bytes"), py::arg("window_bytes"), py::arg("server_weights"),
+           py::arg("boost_min_wait_s") = 0.0)
+      .def(
+          "enqueue",
+          [](PushScheduler& s,
+             const std::vector<std::tuple<int, uint64_t, uint32_t, uint32_t, size_t, int64_t>>&
+                 parts,
+             double now) {
+            std::vector<PushTicket> t;
+            t.reserve(parts.size());
+            for (auto& p : parts)
+              t.push_back(PushTicket{std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p),
+                                     std::get<4>(p), std::get<5>(p), to_us(now)});
+            s.enqueue(t);
+          },
+          py::arg("parts"), py::arg("now") = 0.0)
       .def("take_admissible",
            [](PushScheduler& s) {
              std::vector<PushTicket> out;
@@ -158,9 +169,11 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "boost",
           [](PushScheduler& s, int priority, uint64_t tensor, uint32_t part, uint32_t server,
-             int64_t tag) { return s.boost(PushTicket{priority, tensor, part, server, 0, tag}); },
+             int64_t tag, double now) {
+            return s.boost(PushTicket{priority, tensor, part, server, 0, tag}, to_us(now));
+          },
           py::arg("priority"), py::arg("tensor"), py::arg("part"), py::arg("server"),
-          py::arg("tag") = 0)
+          py::arg("tag") = 0, py::arg("now") = 0.0)
       .def("boosts", &PushScheduler::boosts)
       .def("window", &PushScheduler::window)
       .def("queued", &PushScheduler::queued)

@@ -189,7 +189,9 @@ void LocalReducer::reduce_owned(OwnerState st) {
     broadcast_result(t);
     return;
   }
-  ctx_.scheduler->enqueue({t.ticket()});
+  PushTicket ticket = t.ticket();
+  ticket.queued_us = steady_us();
+  ctx_.scheduler->enqueue({ticket});
 }
 
 void LocalReducer::on_server_result(const PartTask& t) {

@@ -23,6 +23,9 @@ struct WorkerOptions {
   // with an even share of the bytes, scaled by each server's share (see
   // Worker::window_open); 0: no such limit.
   size_t window_bytes = 0;
+  // A server's nudge moves a part ahead only once it has been queued this long
+  // (PushScheduler::boost); 0: at once.
+  int64_t nudge_min_wait_us = 0;
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
   size_t notsent_lowat = 0;
   // Rate cap per server, bytes/s, split over that server's connections

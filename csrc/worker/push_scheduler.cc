@@ -6,8 +6,10 @@
 namespace fastps {
 
 PushScheduler::PushScheduler(size_t credit_bytes, size_t window_bytes,
-                             const std::vector<double>& server_weights)
-    : credit_bytes_(credit_bytes), window_bytes_(window_bytes) {
+                             const std::vector<double>& server_weights, int64_t boost_min_wait_us)
+    : credit_bytes_(credit_bytes),
+      window_bytes_(window_bytes),
+      boost_min_wait_us_(boost_min_wait_us) {
   double total = 0;
   for (double w : server_weights) total += w;
   // A server that must receive more bytes needs more of them under way.
@@ -133,13 +135,14 @@ void PushScheduler::answered(const PushTicket& t) {
   if (wake) cv_.notify_one();
 }
 
-bool PushScheduler::boost(const PushTicket& t) {
+bool PushScheduler::boost(const PushTicket& t, int64_t now_us) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (t.server >= queues_.size()) return false;
     auto it = queues_[t.server].find(t);
     if (it == queues_[t.server].end()) return false;
+    if (now_us - it->queued_us < boost_min_wait_us_) return false;
     if (!boosted_[t.server].insert(*it).second) return false;
     ++boosts_;
     wake = admits_locked(t.server);

@@ -36,7 +36,8 @@ Worker::Worker(WorkerOptions opts)
     : opts_(std::move(opts)),
       // The options are checked before the first member that uses them is built.
       partitioner_((check_options(opts_), opts_.partition_bytes), weights_or_equal(opts_)),
-      scheduler_(opts_.credit_bytes, opts_.window_bytes, weights_or_equal(opts_)),
+      scheduler_(opts_.credit_bytes, opts_.window_bytes, weights_or_equal(opts_),
+                 opts_.nudge_min_wait_us),
       handles_(&registry_),
       failures_(opts_.rank, &parts_, &handles_, &scheduler_) {
   if (opts_.num_workers > 1 && opts_.servers.empty())
@@ -289,6 +290,7 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
     for (auto& h : queued)
       for (auto& p : h->parts) trace::mark(trace::Mark::kEnqueue, h->tensor->id, p.index, 0, p.len);
   std::vector<PushTicket> tickets;
+  const int64_t now = steady_us();
   for (auto& h : queued) {
     // Routed parts go to the servers as they are: a local sum has nothing to add to a
     // forwarded block, and the server counts each worker's push.
@@ -301,6 +303,7 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
       t.handle = h;
       t.span = p;
       tickets.push_back(t.ticket());
+      tickets.back().queued_us = now;
     }
   }
   if (!tickets.empty()) scheduler_.enqueue(tickets);
@@ -675,7 +678,7 @@ void Worker::on_frame(Connection* c, const FrameHeader& h, void* payload) {
     // goes a little early.
     PartTask t;
     if (parts_.get(part_key(h.tensor, h.part), &t) && t.owned && !t.in_flight &&
-        scheduler_.boost(t.ticket()))
+        scheduler_.boost(t.ticket(), steady_us()))
       stats_.nudged++;
     return;
   }

@@ -161,6 +161,26 @@ TEST(PushScheduler, BoostedPartGoesFirstOutsideTheWindowButNotTheCredit) {
   EXPECT_FALSE(s.boost(part(0, 3, 0, 4, 100)));  // no such server
 }
 
+TEST(PushScheduler, BoostTakesOnlyAPartThatWaitedLongEnough) {
+  PushScheduler s(100, 100, {1.0}, /*boost_min_wait_us=*/10000);
+  PushTicket urgent = part(9, 1, 0, 0, 100), old = part(0, 2, 5, 0, 100),
+             young = part(1, 3, 0, 0, 100);
+  urgent.queued_us = old.queued_us = 1000;
+  young.queued_us = 9000;
+  s.enqueue({urgent, old, young});
+  std::vector<PushTicket> out;
+  ASSERT_EQ(s.take_admissible(&out), 1u);  // the urgent part; credit and window now full
+  EXPECT_FALSE(s.boost(old, 10999));       // queued 9.999 ms: its worker is merely behind
+  EXPECT_TRUE(s.boost(old, 11000));        // 10 ms: passed over, its server waits
+  EXPECT_FALSE(s.boost(young, 11000));     // 2 ms
+  EXPECT_EQ(s.boosts(), 1u);
+  s.written(0, 100);
+  out.clear();
+  ASSERT_EQ(s.take_admissible(&out), 1u);  // the boosted one, outside the window
+  EXPECT_EQ(urgency(out[0]), urgency(old));
+  EXPECT_TRUE(s.boost(young, 19000));  // waited long enough now
+}
+
 TEST(PushScheduler, SamePartOfAFailedAndANewPushPullBothQueue) {
   PushScheduler s(1000, 0, {1.0});
   PushTicket old_round = part(1, 4, 0, 0, 10), new_round = part(1, 4, 0, 0, 10);
