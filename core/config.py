@@ -58,12 +58,11 @@ NETWORK_PARTITION_BYTES = 128 * KiB
 # 0.87 of the bound, 128 KiB 0.92, 64 KiB 0.94, 32 KiB 0.96 (docs/benchmarks.md §20).
 RACK_PARTITION_BYTES = 64 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
-# A nudge moves a part ahead only once it has waited this long in the worker's queue: about
-# 2.5 parts' time at a flow's share of 1 Gbit/s (4 servers, 128 KiB). Simulated (ResNet-50,
-# 30% jitter): keeps the nudges' gain where the network bounds (0.967 / 0.933 / 0.931 of the
-# ideal at k = 0 / 2 / 4) and removes their loss at the balanced point (k = 0: 0.926, was
-# 0.890 nudging at once, 0.919 without nudges); 40 ms gives back half the gain.
-DEFAULT_NUDGE_MIN_WAIT = 0.01
+# A nudge moves a part ahead only once it has waited this long in the worker's queue (0: at
+# once). The simulator (ResNet-50, 30% jitter) favoured 10 ms at the balanced point (0.926 of
+# the ideal against 0.890 at once); on the rack 10 ms lost there instead (0.889 / 0.891
+# against 0.924 / 0.919 at once, paired runs, docs/benchmarks.md §9), so at once it stays.
+DEFAULT_NUDGE_MIN_WAIT = 0.0
 # Tensor fusion (csrc/worker/fusion.h): gradients smaller than this travel packed with their
 # neighbours in the priority order, in buckets of at most this size (and at most one part),
 # so a model of many small tensors costs a few parts instead of one per tensor

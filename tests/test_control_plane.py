@@ -195,8 +195,8 @@ def test_config_defaults() -> None:
     assert cfg.link_mbit is None  # unstated: each process detects its link (auto)
     assert Config.from_env({"FASTPS_LINK_MBIT": "2500"}).link_mbit == 2500.0
     assert Config.from_env({}).nudge and not Config.from_env({"FASTPS_NUDGE": "Off"}).nudge
-    assert Config.from_env({}).nudge_min_wait == 0.01
-    assert Config.from_env({"FASTPS_NUDGE_MIN_WAIT": "0"}).nudge_min_wait == 0.0
+    assert Config.from_env({}).nudge_min_wait == 0.0
+    assert Config.from_env({"FASTPS_NUDGE_MIN_WAIT": "0.01"}).nudge_min_wait == 0.01
     assert not Config.from_env({}).elastic_servers and not Config.from_env({"FASTPS_SHM": "no"}).shm
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
     assert (cfg.io_threads, cfg.handshake_timeout) == (1, 5.0)

@@ -23,10 +23,9 @@
 // gradient arrived just before or just after its link was free) would otherwise leave the
 // part for the end of the round while the server's answers for it wait. Deadlock freedom
 // holds: a boosted part only needs credit, which frees as bytes are written. Only a part
-// that has waited in the queue at least boost_min_wait is boosted: one queued just now
-// is late because this worker is (its backward pass ran behind), not because its order
-// diverged, and pushing it ahead would delay the more urgent parts the next forward pass
-// needs first (the simulator: 0.89 instead of 0.92 of the ideal at the balanced point).
+// that has waited in the queue at least boost_min_wait is boosted (FASTPS_NUDGE_MIN_WAIT,
+// default 0): one queued just now is late because this worker is (its backward pass ran
+// behind), not because its order diverged.
 #pragma once
 #include <chrono>
 #include <condition_variable>
