@@ -183,12 +183,12 @@ def _train(
 ) -> Dict[str, Any]:
     import torch
 
+    from benchmarks.emulator.sleeper import CLOCK
+
     x = torch.zeros(1)
     phases: List[List[float]] = [[], [], [], []]  # zero_grad, forward, backward, step
     counts: List[Tuple[float, ...]] = []  # --stalls: _counters before each timed iteration
     backward_end: List[float] = []  # --stalls: when each iteration's backward pass ended
-    from benchmarks.emulator.sleeper import CLOCK
-
     applies = _counting_applies(cb) if args.stalls and cb is not None else [0]
     watch = _GcWatch()
     clock = time.perf_counter
