@@ -41,11 +41,16 @@ shrinks every tensor (same count, same Python-side work per tensor, fewer bytes)
 
     python -m benchmarks.train_emulated --network loopback --stalls --models resnet50 \
         --scale 0.01 --ratios 4 --systems fastps-cb fastps ddp
+
+``--linkstats DIR`` (rack) samples every host link's byte counters every 5 ms while each set
+of processes runs (``benchmarks/rack/linkstat.py``, one CSV per set): which link idled when,
+which worker pushed last. ``python -m benchmarks.rack.linkstat --show FILE`` prints one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -67,6 +72,7 @@ from benchmarks.cpu_account import CpuSampler, thread_cpu  # noqa: E402
 from benchmarks.cpu_account import delta as cpu_delta  # noqa: E402
 from benchmarks.emulator import models as em  # noqa: E402
 from benchmarks.emulator.schedule_bound import link_work  # noqa: E402
+from benchmarks.rack import linkstat  # noqa: E402
 
 FIELDS = [
     "model",
@@ -657,7 +663,7 @@ class Runner:
             if rack is None:
                 ok, err = self._local(family, n, argv, env, timeout)
             else:
-                ok, err = self._rack(rack, family, n, k, argv, env, timeout)
+                ok, err = self._rack(rack, family, n, k, argv, env, timeout, f"{model}-k{k}")
             got = rc.read_results(Path(tmp))
         out: Dict[str, Tuple[Optional[Dict[int, Dict[str, Any]]], str]] = {}
         for cfg in plan:
@@ -736,6 +742,7 @@ class Runner:
         argv: List[str],
         env: Dict[str, str],
         timeout: float,
+        tag: str = "",
     ) -> Tuple[bool, str]:
         if family == "single":
             launch = rc.Launch(
@@ -755,12 +762,18 @@ class Runner:
             )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
-        if not self.args.cpu:
-            return rc.wait_all(rack, launch, timeout)
-        # every process of the launch, sampled from outside (the servers report nothing);
-        # each run's window is cut out of the samples afterwards (_attach_cpu)
-        labels = {_proc_label(rack, p): p.pid for p in launch.procs}
-        with CpuSampler(labels) as self.sampler:
+        with contextlib.ExitStack() as stack:
+            if self.args.linkstats and family != "single":
+                # every host link's counters over the whole set of processes
+                out = self.args.linkstats / f"{family}-{tag}-{self.port}.csv"
+                stack.enter_context(linkstat.sampling(rack.switch_ns, out, timeout))
+                print(f"  link samples: {out}", flush=True)
+            if not self.args.cpu:
+                return rc.wait_all(rack, launch, timeout)
+            # every process of the launch, sampled from outside (the servers report nothing);
+            # each run's window is cut out of the samples afterwards (_attach_cpu)
+            labels = {_proc_label(rack, p): p.pid for p in launch.procs}
+            self.sampler = stack.enter_context(CpuSampler(labels))
             return rc.wait_all(rack, launch, timeout)
 
     # -- one model at every ratio
@@ -1146,6 +1159,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="with --timeline-pairs: keep each merged trace in DIR (MODEL-kK-N.json)",
     )
     p.add_argument(
+        "--linkstats",
+        type=Path,
+        metavar="DIR",
+        help="rack: sample every host link every 5 ms while each set of processes runs, "
+        "one CSV per set in DIR (show one: python -m benchmarks.rack.linkstat --show FILE)",
+    )
+    p.add_argument(
         "--fresh-processes",
         action="store_true",
         help="a new set of workers and servers for every run (default: one per model, "
@@ -1166,6 +1186,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--scale must be in (0, 1], got {args.scale}")
     if args.sparse_embedding and args.scale != 1.0:
         p.error("--sparse-embedding needs the real table (--scale 1)")
+    if args.linkstats is not None and args.network != "rack":
+        p.error("--linkstats samples the rack's links: it needs --network rack")
     if args.keep_timeline is not None and not args.timeline_pairs:
         p.error("--keep-timeline keeps the traces of --timeline-pairs runs: give --timeline-pairs")
     if args.child:

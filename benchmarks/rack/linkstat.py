@@ -12,17 +12,26 @@ Run inside the switch namespace (``ip netns exec PREFIX-sw``)::
 
 The output is CSV: ``t,host,rx_bytes,tx_bytes`` (t in seconds since the Unix epoch;
 counters cumulative, as the switch side sees them). :func:`utilisation` turns a file into
-per-host Mbit/s series.
+per-host Mbit/s series; :func:`sampling` runs the sampler around a benchmark's run.
+
+``--show FILE`` prints a file as a table, one row per bin and one egress/ingress column per
+host, in percent of the link rate, from the first bin in which any link carried more than
+5% of it (``--from``/``--to`` seconds after that)::
+
+    python -m benchmarks.rack.linkstat --show w.csv --rate 1000 --bin-ms 10 --from 8 --to 9
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 Series = Dict[str, List[Tuple[float, float, float]]]
 
@@ -95,7 +104,8 @@ def busy_fraction(
         eg = ing = 0.0
         prev = None
         for t, e, i in pts:
-            if prev is not None and t0 <= t <= t1:
+            # each sample covers (prev, t]: count the intervals inside [t0, t1]
+            if prev is not None and prev >= t0 - 1e-9 and t <= t1 + 1e-9:
                 dt = t - prev
                 eg += e * dt
                 ing += i * dt
@@ -105,12 +115,87 @@ def busy_fraction(
     return out
 
 
+def table(
+    series: Series,
+    rate_mbit: float,
+    bin_s: float,
+    start_s: float = 0.0,
+    end_s: Optional[float] = None,
+) -> List[str]:
+    """Rows of ``t  host:egress/ingress ...`` (percent of rate_mbit, averaged per bin); t
+    counts from the first bin in which any host's link carried over 5% of the rate."""
+    hosts = sorted(series)
+    bins: Dict[int, Dict[str, List[Tuple[float, float]]]] = {}
+    t0 = min((pts[0][0] for pts in series.values() if pts), default=0.0)
+    for host, pts in series.items():
+        for t, e, i in pts:
+            # relative to the first sample, and rounded: epoch seconds on a bin's edge
+            b = int((t - t0) / bin_s + 1e-6)
+            bins.setdefault(b, {}).setdefault(host, []).append((e, i))
+
+    def pct(vals: List[Tuple[float, float]], k: int) -> float:
+        return 100.0 * sum(v[k] for v in vals) / len(vals) / rate_mbit
+
+    busy = [
+        b for b, row in bins.items() if any(max(pct(v, 0), pct(v, 1)) > 5.0 for v in row.values())
+    ]
+    if not busy:
+        return []
+    first = min(busy)
+    rows = ["     t " + " ".join(f"{h:>9s}" for h in hosts) + "   (egress/ingress, % of link)"]
+    for b in range(first, max(bins) + 1):
+        t = (b - first) * bin_s
+        if t < start_s - 1e-9 or (end_s is not None and t > end_s + 1e-9):
+            continue
+        row = bins.get(b, {})
+        cells = [
+            f"{pct(row[h], 0):4.0f}/{pct(row[h], 1):<4.0f}" if h in row else f"{'-':>9s}"
+            for h in hosts
+        ]
+        rows.append(f"{t:6.2f} " + " ".join(cells))
+    return rows
+
+
+@contextlib.contextmanager
+def sampling(switch_ns: str, out: Path, seconds: float, interval_ms: float = 5.0) -> Iterator[Path]:
+    """Samples every link of a rack (its switch namespace) into ``out`` while the block runs;
+    stops the sampler at the end, at the latest after ``seconds``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", switch_ns, sys.executable, "-m", "benchmarks.rack.linkstat"]
+        + ["--out", str(out), "--interval-ms", str(interval_ms), "--seconds", str(seconds)],
+        cwd=str(root),
+    )
+    try:
+        yield out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="sample into this CSV")
     p.add_argument("--interval-ms", type=float, default=5.0)
     p.add_argument("--seconds", type=float, default=60.0, help="stop after this long at most")
+    p.add_argument("--show", type=Path, metavar="FILE", help="print a sampled file as a table")
+    p.add_argument("--rate", type=float, default=1000.0, help="--show: link Mbit/s (100%%)")
+    p.add_argument("--bin-ms", type=float, default=20.0, help="--show: row width")
+    p.add_argument("--from", dest="start", type=float, default=0.0, help="--show: seconds")
+    p.add_argument("--to", dest="end", type=float, default=None, help="--show: seconds")
     a = p.parse_args()
+    if a.show:
+        if not a.rate > 0 or not a.bin_ms > 0:
+            p.error(f"--rate and --bin-ms must be > 0, got {a.rate} and {a.bin_ms}")
+        print("\n".join(table(utilisation(a.show), a.rate, a.bin_ms / 1000.0, a.start, a.end)))
+        return 0
+    if a.out is None:
+        p.error("give --out FILE to sample, or --show FILE to print one")
     sample(a.out, a.interval_ms / 1000.0, a.seconds)
     return 0
 

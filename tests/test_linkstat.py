@@ -1,0 +1,78 @@
+"""benchmarks/rack/linkstat.py: link samples turned into rates and a per-bin table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.rack import linkstat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(path: Path) -> None:
+    # Switch side: rx = the host's egress, tx = its ingress. 10 ms samples, t0 = 100 s.
+    # w0 idles for 20 ms, then sends 1.25 MB per 10 ms (1000 Mbit/s) while receiving at half
+    # that; c0 only receives, at 250 Mbit/s.
+    rows = ["t,host,rx_bytes,tx_bytes"]
+    w_rx = w_tx = c_tx = 0
+    for i in range(7):
+        t = 100.0 + 0.01 * i
+        if i > 2:
+            w_rx += 1_250_000
+            w_tx += 625_000
+            c_tx += 312_500
+        rows += [f"{t:.6f},w0,{w_rx},{w_tx}", f"{t:.6f},c0,0,{c_tx}"]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_utilisation_reads_egress_and_ingress(tmp_path: Path) -> None:
+    f = tmp_path / "l.csv"
+    _write(f)
+    s = linkstat.utilisation(f)
+    assert sorted(s) == ["c0", "w0"]
+    w0 = s["w0"]
+    assert [round(e) for _, e, _ in w0] == [0, 0, 1000, 1000, 1000, 1000]
+    assert [round(i) for _, _, i in w0] == [0, 0, 500, 500, 500, 500]
+    assert [round(i) for _, _, i in s["c0"]][-1] == 250
+    busy = linkstat.busy_fraction(s, w0[1][0], w0[-1][0], 1000.0)  # the 4 busy intervals
+    assert busy["w0"] == pytest.approx((1.0, 0.5))
+
+
+def test_table_starts_at_the_first_busy_bin(tmp_path: Path) -> None:
+    f = tmp_path / "l.csv"
+    _write(f)
+    rows = linkstat.table(linkstat.utilisation(f), 1000.0, 0.01)
+    assert "c0" in rows[0] and "w0" in rows[0]
+    first = rows[1].split()
+    # time 0 is the first busy bin: w0 at 100% out, 50% in; c0 25% in
+    assert first[0] == "0.00"
+    assert first[1] == "0/25" and first[2] == "100/50"
+    assert len(rows) == 1 + 4
+    assert len(linkstat.table(linkstat.utilisation(f), 1000.0, 0.01, start_s=0.02)) == 1 + 2
+    assert linkstat.table({}, 1000.0, 0.01) == []
+
+
+def test_show_prints_the_table_and_rejects_bad_rates(tmp_path: Path) -> None:
+    f = tmp_path / "l.csv"
+    _write(f)
+    cmd = [sys.executable, "-m", "benchmarks.rack.linkstat", "--show", str(f), "--bin-ms", "10"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "100/50" in out.stdout
+    bad = subprocess.run(
+        cmd + ["--rate", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode != 0 and "--rate" in bad.stderr
+
+
+def test_train_emulated_samples_links_only_on_the_rack(tmp_path: Path) -> None:
+    from benchmarks import train_emulated
+
+    with pytest.raises(SystemExit):
+        train_emulated.parse_args(["--network", "loopback", "--linkstats", str(tmp_path)])
+    a = train_emulated.parse_args(["--linkstats", str(tmp_path)])
+    assert a.linkstats == tmp_path
