@@ -56,6 +56,30 @@ def test_table_starts_at_the_first_busy_bin(tmp_path: Path) -> None:
     assert linkstat.table({}, 1000.0, 0.01) == []
 
 
+def test_push_ends_names_the_last_worker() -> None:
+    # 5 ms samples: w0 sends until 50 ms, w1 until 70 ms (one sample missing at 30 ms), then
+    # both idle while w0 receives answers for 15 ms more; a second round from 150 to 200 ms.
+    def rates(t_ms: int) -> dict:
+        w0 = 900.0 if t_ms <= 50 or 150 <= t_ms <= 200 else 0.0
+        w1 = 900.0 if t_ms <= 70 or 150 <= t_ms <= 200 else 0.0
+        ans = 800.0 if 70 < t_ms <= 85 else 0.0
+        return {"w0": (w0, ans), "w1": (w1, 0.0), "c0": (0.0, w0 + w1)}
+
+    series: linkstat.Series = {"w0": [], "w1": [], "c0": []}
+    for t_ms in range(5, 260, 5):
+        for h, (e, i) in rates(t_ms).items():
+            if not (h == "w1" and t_ms == 30):
+                series[h].append((1000.0 + t_ms / 1000.0, e, i))
+    ends = linkstat.push_ends(series, 1000.0)
+    assert len(ends) == 2
+    t, before, tail = ends[0]
+    assert t == pytest.approx(0.070, abs=0.006)
+    assert before["w1"] == 0.0 and before["w0"] == pytest.approx(0.020, abs=0.006)
+    assert tail == pytest.approx(0.015, abs=0.006)
+    assert set(ends[1][1].values()) == {0.0}
+    assert linkstat.push_ends(series, 1000.0, prefix="x") == []
+
+
 def test_show_prints_the_table_and_rejects_bad_rates(tmp_path: Path) -> None:
     f = tmp_path / "l.csv"
     _write(f)
@@ -67,6 +91,8 @@ def test_show_prints_the_table_and_rejects_bad_rates(tmp_path: Path) -> None:
         cmd + ["--rate", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode != 0 and "--rate" in bad.stderr
+    ends = subprocess.run(cmd + ["--ends"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert ends.returncode == 0 and "no push ends" in ends.stdout  # w0 never stops here
 
 
 def test_train_emulated_samples_links_only_on_the_rack(tmp_path: Path) -> None:

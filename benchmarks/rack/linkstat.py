@@ -19,6 +19,9 @@ host, in percent of the link rate, from the first bin in which any link carried 
 5% of it (``--from``/``--to`` seconds after that)::
 
     python -m benchmarks.rack.linkstat --show w.csv --rate 1000 --bin-ms 10 --from 8 --to 9
+
+``--show FILE --ends`` lists where each iteration's pushes end instead (:func:`push_ends`):
+how long before the last worker each one stopped sending, and the servers' answer tail.
 """
 
 from __future__ import annotations
@@ -156,6 +159,58 @@ def table(
     return rows
 
 
+def push_ends(
+    series: Series, rate_mbit: float, bin_s: float = 0.005, prefix: str = "w"
+) -> List[Tuple[float, Dict[str, float], float]]:
+    """Where the workers' pushes of an iteration end: every bin in which all hosts named
+    ``prefix``... send under 10% of the link after one of them sent more. For each such end
+    (t from the first sample), how long before the last worker each worker stopped sending
+    over 30% of the link, in seconds, and how long the workers kept receiving over 10%
+    afterwards (the servers' answer tail). Ends closer than 50 ms to the previous merge."""
+    hosts = sorted(h for h in series if h.startswith(prefix))
+    if not hosts:
+        return []
+    t0 = min(pts[0][0] for pts in series.values() if pts)
+    eg: Dict[str, Dict[int, float]] = {h: {} for h in hosts}
+    ing: Dict[str, Dict[int, float]] = {h: {} for h in hosts}
+    for h in hosts:
+        sums: Dict[int, List[Tuple[float, float]]] = {}
+        for t, e, i in series[h]:
+            sums.setdefault(int((t - t0) / bin_s + 1e-6), []).append((e, i))
+        for b, v in sums.items():
+            eg[h][b] = sum(x[0] for x in v) / len(v) / rate_mbit
+            ing[h][b] = sum(x[1] for x in v) / len(v) / rate_mbit
+    last_bin = max(max(d) for d in eg.values() if d) if any(eg.values()) else 0
+    # a bin the sampler skipped (it overslept) repeats the bin before it
+    for d in (*eg.values(), *ing.values()):
+        for k in range(1, last_bin + 1):
+            if k not in d and k - 1 in d:
+                d[k] = d[k - 1]
+
+    def idle(b: int) -> bool:
+        return all(eg[h].get(b, 0.0) < 0.1 for h in hosts)
+
+    out: List[Tuple[float, Dict[str, float], float]] = []
+    prev_end = -(10**9)
+    lookback = int(2.0 / bin_s)
+    for b in range(1, last_bin + 1):
+        if not idle(b) or idle(b - 1) or (b - prev_end) * bin_s < 0.05:
+            continue
+        prev_end = b
+        stops = {}
+        for h in hosts:
+            k = b - 1
+            while k > b - lookback and eg[h].get(k, 0.0) < 0.3:
+                k -= 1
+            stops[h] = k
+        latest = max(stops.values())
+        k = b
+        while k <= last_bin and any(ing[h].get(k, 0.0) > 0.1 for h in hosts):
+            k += 1
+        out.append((b * bin_s, {h: (latest - stops[h]) * bin_s for h in hosts}, (k - b) * bin_s))
+    return out
+
+
 @contextlib.contextmanager
 def sampling(switch_ns: str, out: Path, seconds: float, interval_ms: float = 5.0) -> Iterator[Path]:
     """Samples every link of a rack (its switch namespace) into ``out`` while the block runs;
@@ -188,10 +243,27 @@ def main() -> int:
     p.add_argument("--bin-ms", type=float, default=20.0, help="--show: row width")
     p.add_argument("--from", dest="start", type=float, default=0.0, help="--show: seconds")
     p.add_argument("--to", dest="end", type=float, default=None, help="--show: seconds")
+    p.add_argument(
+        "--ends",
+        action="store_true",
+        help="--show: where each iteration's pushes end instead (push_ends, 5 ms bins)",
+    )
     a = p.parse_args()
     if a.show:
         if not a.rate > 0 or not a.bin_ms > 0:
             p.error(f"--rate and --bin-ms must be > 0, got {a.rate} and {a.bin_ms}")
+        if a.ends:
+            found = push_ends(utilisation(a.show), a.rate)
+            if not found:
+                print("no push ends: the workers' uplinks never fell idle together")
+            for t, before, tail in found:
+                late = " ".join(f"{h} {1000 * v:3.0f}" for h, v in before.items())
+                spread = 1000 * max(before.values())
+                print(
+                    f"{t:7.2f} s  stopped before the last (ms): {late}  "
+                    f"spread {spread:3.0f} ms, answers after {1000 * tail:3.0f} ms"
+                )
+            return 0
         print("\n".join(table(utilisation(a.show), a.rate, a.bin_ms / 1000.0, a.start, a.end)))
         return 0
     if a.out is None:
