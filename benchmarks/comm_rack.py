@@ -33,9 +33,9 @@ Needs root (network namespaces). Writes docs/rack-results/comm.csv (provenance i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rack_common as rc  # noqa: E402
+from benchmarks.rack import linkstat  # noqa: E402
 
 SYSTEMS = ("fastps", "gloo", "mxnet")
 FIELDS = [
@@ -316,51 +317,22 @@ class Runner:
             )
         return row
 
-    def start_linkstat(self, tag: str) -> Optional[Tuple[Any, Path]]:
-        """With --linkstats DIR: sample every host link during this run (linkstat.py)."""
+    def linkstat(self, stack: contextlib.ExitStack, tag: str) -> Optional[Path]:
+        """With --linkstats DIR: samples every host link while ``stack`` is open."""
         if not self.args.linkstats:
             return None
-        self.args.linkstats.mkdir(parents=True, exist_ok=True)
         out = self.args.linkstats / f"{tag}.csv"
-        proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.rack.switch_ns,
-                sys.executable,
-                "-m",
-                "benchmarks.rack.linkstat",
-                "--out",
-                str(out),
-                "--interval-ms",
-                "5",
-                "--seconds",
-                str(self.args.run_timeout),
-            ],
-            cwd=str(rc.REPO),
-        )
-        return proc, out
-
-    def stop_linkstat(self, sampler: Tuple[Any, Path], result_dir: Path, n: int) -> None:
-        """Stops the sampler and stores the workers' iteration spans beside its file."""
-        proc, out = sampler
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        spans = {r: res.get("spans", []) for r, res in rc.read_results(result_dir).items()}
-        out.with_suffix(".spans.json").write_text(json.dumps(spans))
+        sampling = linkstat.sampling(self.rack.switch_ns, out, self.args.run_timeout)
+        return stack.enter_context(sampling)
 
     def run_one(self, system: str, model: str, n: int, k: int, python: str) -> Dict[str, Any]:
         args = self.args
         port = self.next_port()
         argv = _child_argv(python, system, args, model)
         t_start = time.monotonic()
-        sampler = self.start_linkstat(f"{system}-{model}-n{n}-k{k}")
-        with tempfile.TemporaryDirectory(prefix=f"comm-{system}-") as tmp:
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"comm-{system}-"))
+            samples = self.linkstat(stack, f"{system}-{model}-n{n}-k{k}")
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
                 # Defaults: each process reads its host's link rate (the htb class here)
@@ -377,8 +349,9 @@ class Runner:
                 raise ValueError(system)
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
             times, why = _collect(Path(tmp), n)
-            if sampler is not None:
-                self.stop_linkstat(sampler, Path(tmp), n)
+            if samples is not None:  # the workers' iteration spans beside the samples
+                spans = {r: res.get("spans", []) for r, res in rc.read_results(Path(tmp)).items()}
+                samples.with_suffix(".spans.json").write_text(json.dumps(spans))
         wall = time.monotonic() - t_start
         if times is None:
             status = "failed: " + (why if ok else _first_error(err) or why)
