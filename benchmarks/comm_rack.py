@@ -317,7 +317,7 @@ class Runner:
             )
         return row
 
-    def linkstat(self, stack: contextlib.ExitStack, tag: str) -> Optional[Path]:
+    def sample_links(self, stack: contextlib.ExitStack, tag: str) -> Optional[Path]:
         """With --linkstats DIR: samples every host link while ``stack`` is open."""
         if not self.args.linkstats:
             return None
@@ -332,7 +332,7 @@ class Runner:
         t_start = time.monotonic()
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"comm-{system}-"))
-            samples = self.linkstat(stack, f"{system}-{model}-n{n}-k{k}")
+            samples = self.sample_links(stack, f"{system}-{model}-n{n}-k{k}")
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
                 # Defaults: each process reads its host's link rate (the htb class here)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,33 @@ def test_train_emulated_samples_links_only_on_the_rack(tmp_path: Path) -> None:
         train_emulated.parse_args(["--network", "loopback", "--linkstats", str(tmp_path)])
     a = train_emulated.parse_args(["--linkstats", str(tmp_path)])
     assert a.linkstats == tmp_path
+
+
+def test_gzipped_samples_and_unreadable_files(tmp_path: Path) -> None:
+    f = tmp_path / "l.csv"
+    _write(f)
+    gz = tmp_path / "l.csv.gz"
+    gz.write_bytes(gzip.compress(f.read_bytes()))
+    assert linkstat.utilisation(gz) == linkstat.utilisation(f)
+    for bad, why in (
+        (tmp_path / "missing.csv", "FileNotFoundError"),
+        (tmp_path / "x.csv", "KeyError"),
+    ):
+        if why == "KeyError":
+            bad.write_text("time,dev\n1,w0\n")
+        cmd = [sys.executable, "-m", "benchmarks.rack.linkstat", "--show", str(bad)]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and str(bad) in out.stderr and why in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip")
+def test_sampling_says_when_the_sampler_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s" / "l.csv"
+    with linkstat.sampling("fastps-no-such-namespace", out, 5.0) as path:
+        assert path == out and out.parent.is_dir()
+        time.sleep(1.0)  # let `ip netns exec` fail on its own
+    err = capsys.readouterr().err
+    assert "fastps-no-such-namespace" in err and str(out) in err

@@ -15,8 +15,8 @@ counters cumulative, as the switch side sees them). :func:`utilisation` turns a 
 per-host Mbit/s series; :func:`sampling` runs the sampler around a benchmark's run.
 
 ``--show FILE`` prints a file as a table, one row per bin and one egress/ingress column per
-host, in percent of the link rate, from the first bin in which any link carried more than
-5% of it (``--from``/``--to`` seconds after that)::
+host, in percent of the link rate, from the first sample in which any link carried more
+than 5% of it (``--from``/``--to`` seconds after that; FILE may be gzipped)::
 
     python -m benchmarks.rack.linkstat --show w.csv --rate 1000 --bin-ms 10 --from 8 --to 9
 
@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gzip
+import math
 import signal
 import subprocess
 import sys
@@ -80,7 +82,8 @@ def sample(out: Path, interval_s: float, seconds: float) -> int:
 def utilisation(path: Path) -> Series:
     """{host: [(t, egress Mbit/s, ingress Mbit/s)]} between consecutive samples."""
     raw: Dict[str, List[Tuple[float, int, int]]] = {}
-    with path.open() as f:
+    opener = gzip.open if path.suffix == ".gz" else open  # samples kept in docs are gzipped
+    with opener(path, "rt") as f:
         for row in csv.DictReader(f):
             raw.setdefault(row["host"], []).append(
                 (float(row["t"]), int(row["rx_bytes"]), int(row["tx_bytes"]))
@@ -118,6 +121,31 @@ def busy_fraction(
     return out
 
 
+def origin(series: Series, rate_mbit: float) -> Optional[float]:
+    """The first sample in which any host's link carried over 5% of the rate either way:
+    time 0 of :func:`table` and :func:`push_ends`. None: the links never did."""
+    busy = [t for pts in series.values() for t, e, i in pts if max(e, i) > 0.05 * rate_mbit]
+    return min(busy) if busy else None
+
+
+def _binned(
+    series: Series, t0: float, bin_s: float, hosts: List[str]
+) -> Dict[str, Dict[int, Tuple[float, float]]]:
+    """{host: {bin: (egress, ingress) Mbit/s averaged over the bin}}, bin 0 starting at t0.
+    A sample at t covers (t - interval, t], so it counts for the bin t falls in."""
+    out: Dict[str, Dict[int, Tuple[float, float]]] = {}
+    for h in hosts:
+        acc: Dict[int, List[Tuple[float, float]]] = {}
+        for t, e, i in series[h]:
+            # rounded: a sample on a bin's edge must not fall into the bin before
+            acc.setdefault(math.floor((t - t0) / bin_s + 1e-6), []).append((e, i))
+        out[h] = {
+            b: (sum(v[0] for v in vs) / len(vs), sum(v[1] for v in vs) / len(vs))
+            for b, vs in acc.items()
+        }
+    return out
+
+
 def table(
     series: Series,
     rate_mbit: float,
@@ -125,36 +153,24 @@ def table(
     start_s: float = 0.0,
     end_s: Optional[float] = None,
 ) -> List[str]:
-    """Rows of ``t  host:egress/ingress ...`` (percent of rate_mbit, averaged per bin); t
-    counts from the first bin in which any host's link carried over 5% of the rate."""
-    hosts = sorted(series)
-    bins: Dict[int, Dict[str, List[Tuple[float, float]]]] = {}
-    t0 = min((pts[0][0] for pts in series.values() if pts), default=0.0)
-    for host, pts in series.items():
-        for t, e, i in pts:
-            # relative to the first sample, and rounded: epoch seconds on a bin's edge
-            b = int((t - t0) / bin_s + 1e-6)
-            bins.setdefault(b, {}).setdefault(host, []).append((e, i))
-
-    def pct(vals: List[Tuple[float, float]], k: int) -> float:
-        return 100.0 * sum(v[k] for v in vals) / len(vals) / rate_mbit
-
-    busy = [
-        b for b, row in bins.items() if any(max(pct(v, 0), pct(v, 1)) > 5.0 for v in row.values())
-    ]
-    if not busy:
+    """Rows of ``t  egress/ingress ...`` per host (percent of rate_mbit, averaged per bin),
+    t from :func:`origin`; empty when no link was ever busy."""
+    t0 = origin(series, rate_mbit)
+    if t0 is None:
         return []
-    first = min(busy)
+    hosts = sorted(series)
+    bins = _binned(series, t0, bin_s, hosts)
+    last = max((b for d in bins.values() for b in d), default=-1)
     rows = ["     t " + " ".join(f"{h:>9s}" for h in hosts) + "   (egress/ingress, % of link)"]
-    for b in range(first, max(bins) + 1):
-        t = (b - first) * bin_s
+    for b in range(0, last + 1):
+        t = b * bin_s
         if t < start_s - 1e-9 or (end_s is not None and t > end_s + 1e-9):
             continue
-        row = bins.get(b, {})
-        cells = [
-            f"{pct(row[h], 0):4.0f}/{pct(row[h], 1):<4.0f}" if h in row else f"{'-':>9s}"
-            for h in hosts
-        ]
+        cells = []
+        for h in hosts:
+            v = bins[h].get(b)
+            pct = (100.0 * v[0] / rate_mbit, 100.0 * v[1] / rate_mbit) if v else None
+            cells.append(f"{pct[0]:4.0f}/{pct[1]:<4.0f}" if pct else f"{'-':>9s}")
         rows.append(f"{t:6.2f} " + " ".join(cells))
     return rows
 
@@ -164,31 +180,30 @@ def push_ends(
 ) -> List[Tuple[float, Dict[str, float], float]]:
     """Where the workers' pushes of an iteration end: every bin in which all hosts named
     ``prefix``... send under 10% of the link after one of them sent more. For each such end
-    (t from the first sample), how long before the last worker each worker stopped sending
-    over 30% of the link, in seconds, and how long the workers kept receiving over 10%
-    afterwards (the servers' answer tail). Ends closer than 50 ms to the previous merge."""
+    (t from :func:`origin`, as in :func:`table`), how long before the last worker each
+    worker stopped sending over 30% of the link, in seconds, and how long the workers kept
+    receiving over 10% afterwards (the servers' answer tail). Ends closer than 50 ms to the
+    previous one are the same end."""
     hosts = sorted(h for h in series if h.startswith(prefix))
-    if not hosts:
+    t0 = origin(series, rate_mbit)
+    if not hosts or t0 is None:
         return []
-    t0 = min(pts[0][0] for pts in series.values() if pts)
-    eg: Dict[str, Dict[int, float]] = {h: {} for h in hosts}
-    ing: Dict[str, Dict[int, float]] = {h: {} for h in hosts}
-    for h in hosts:
-        sums: Dict[int, List[Tuple[float, float]]] = {}
-        for t, e, i in series[h]:
-            sums.setdefault(int((t - t0) / bin_s + 1e-6), []).append((e, i))
-        for b, v in sums.items():
-            eg[h][b] = sum(x[0] for x in v) / len(v) / rate_mbit
-            ing[h][b] = sum(x[1] for x in v) / len(v) / rate_mbit
-    last_bin = max(max(d) for d in eg.values() if d) if any(eg.values()) else 0
+    bins = _binned(series, t0, bin_s, hosts)
+    last_bin = max((b for d in bins.values() for b in d), default=0)
     # a bin the sampler skipped (it overslept) repeats the bin before it
-    for d in (*eg.values(), *ing.values()):
+    for d in bins.values():
         for k in range(1, last_bin + 1):
             if k not in d and k - 1 in d:
                 d[k] = d[k - 1]
 
+    def eg(h: str, b: int) -> float:
+        return bins[h].get(b, (0.0, 0.0))[0] / rate_mbit
+
+    def ing(h: str, b: int) -> float:
+        return bins[h].get(b, (0.0, 0.0))[1] / rate_mbit
+
     def idle(b: int) -> bool:
-        return all(eg[h].get(b, 0.0) < 0.1 for h in hosts)
+        return all(eg(h, b) < 0.1 for h in hosts)
 
     out: List[Tuple[float, Dict[str, float], float]] = []
     prev_end = -(10**9)
@@ -200,12 +215,12 @@ def push_ends(
         stops = {}
         for h in hosts:
             k = b - 1
-            while k > b - lookback and eg[h].get(k, 0.0) < 0.3:
+            while k > b - lookback and eg(h, k) < 0.3:
                 k -= 1
             stops[h] = k
         latest = max(stops.values())
         k = b
-        while k <= last_bin and any(ing[h].get(k, 0.0) > 0.1 for h in hosts):
+        while k <= last_bin and any(ing(h, k) > 0.1 for h in hosts):
             k += 1
         out.append((b * bin_s, {h: (latest - stops[h]) * bin_s for h in hosts}, (k - b) * bin_s))
     return out
@@ -231,6 +246,14 @@ def sampling(switch_ns: str, out: Path, seconds: float, interval_ms: float = 5.0
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # it ends by our SIGTERM, or by itself after `seconds`; anything else lost the samples
+        if proc.returncode not in (0, -signal.SIGTERM):
+            print(
+                f"linkstat: the sampler in namespace {switch_ns!r} exited with code "
+                f"{proc.returncode}: {out} is missing or incomplete",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def main() -> int:
@@ -252,8 +275,12 @@ def main() -> int:
     if a.show:
         if not a.rate > 0 or not a.bin_ms > 0:
             p.error(f"--rate and --bin-ms must be > 0, got {a.rate} and {a.bin_ms}")
+        try:
+            series = utilisation(a.show)
+        except (OSError, KeyError, ValueError, IndexError) as e:
+            p.error(f"cannot read link samples from {a.show}: {type(e).__name__}: {e}")
         if a.ends:
-            found = push_ends(utilisation(a.show), a.rate)
+            found = push_ends(series, a.rate)
             if not found:
                 print("no push ends: the workers' uplinks never fell idle together")
             for t, before, tail in found:
@@ -264,7 +291,7 @@ def main() -> int:
                     f"spread {spread:3.0f} ms, answers after {1000 * tail:3.0f} ms"
                 )
             return 0
-        print("\n".join(table(utilisation(a.show), a.rate, a.bin_ms / 1000.0, a.start, a.end)))
+        print("\n".join(table(series, a.rate, a.bin_ms / 1000.0, a.start, a.end)))
         return 0
     if a.out is None:
         p.error("give --out FILE to sample, or --show FILE to print one")
