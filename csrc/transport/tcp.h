@@ -105,6 +105,13 @@ class Connection {
   size_t rx_got_ = 0;
   size_t rx_len_ = 0;  // payload bytes of the frame being received
   bool rx_in_payload_ = false;
+  int rx_lowat_ = 1;  // the socket's SO_RCVLOWAT as last set
+  // Before waiting: the loop wakes only when the rest of the header, or of the
+  // payload up to a cap, is in the socket (see on_readable).
+  void expect_bytes(size_t n);
+  size_t rx_need() const {
+    return rx_in_payload_ ? rx_len_ - rx_got_ : sizeof(FrameHeader) - rx_hdr_got_;
+  }
 };
 
 class EventLoop {

@@ -12,11 +12,13 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "frame_recorder.h"
 #include "protocol/frame_check.h"
 #include "protocol/messages.h"
+#include "transport/socket.h"
 #include "transport/tcp.h"
 #include "transport/wire.h"
 
@@ -196,6 +198,66 @@ TEST(Wire, FramesCrossAConnectionIntact) {
   EXPECT_NE(rx.close_reason.find("type 99 refused"), std::string::npos) << rx.close_reason;
   loop.stop();
   EXPECT_EQ(sent.load(), 2);
+}
+
+// A connected TCP pair on loopback (the receive low-water mark only matters for TCP).
+void tcp_pair(int* client, int* accepted) {
+  int port = 0;
+  int lfd = tcp_listen("127.0.0.1", 0, &port);
+  *client = tcp_connect("127.0.0.1:" + std::to_string(port), 5);
+  *accepted = ::accept(lfd, nullptr, nullptr);
+  ::close(lfd);
+  ASSERT_GE(*accepted, 0);
+}
+
+// The reader waits for the rest of a frame before waking (SO_RCVLOWAT). It must
+// never wait for more than the frame owes: a frame whose last bytes come late
+// still arrives, and so does a burst of small frames that outlasts one wake-up's
+// round limit right after a large frame's tail set a high mark.
+TEST(Wire, TcpReaderNeverWaitsForBytesNotOwed) {
+  int cfd = -1, sfd = -1;
+  tcp_pair(&cfd, &sfd);
+  Recorder rx;
+  EventLoop loop("test-lowat");
+  auto b = std::make_shared<Connection>(sfd, Peer{}, "b", &rx);
+  loop.add(b);
+  loop.start();
+  FrameHeader h = sample();
+  h.flags = 0;
+  std::string big(2 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + 3);
+  h.len = big.size();
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  // All but the last 100 bytes, then the rest: the reader waits for exactly those.
+  ASSERT_TRUE(write_full(cfd, &h, sizeof h, 5));
+  ASSERT_TRUE(write_full(cfd, big.data(), big.size() - 100, 5));
+  pause();
+  EXPECT_TRUE(rx.frames.empty());
+  ASSERT_TRUE(write_full(cfd, big.data() + big.size() - 100, 100, 5));
+  ASSERT_TRUE(rx.wait([&] { return rx.frames.size() == 1; }));
+  EXPECT_EQ(rx.payloads[0], big);
+  // The same frame again, 200 KB short, so the reader waits for 200 KB; then those
+  // 200 KB and 200 small frames in one write. One wake-up takes the tail and 63
+  // frames; the other 137 (10 KB) must not wait behind the old 200 KB mark.
+  const size_t tail = 200 << 10;
+  ASSERT_TRUE(write_full(cfd, &h, sizeof h, 5));
+  ASSERT_TRUE(write_full(cfd, big.data(), big.size() - tail, 5));
+  pause();
+  std::string burst(big.data() + big.size() - tail, tail);
+  std::vector<std::string> small;
+  for (int i = 0; i < 200; ++i) {
+    small.push_back("frame-" + std::to_string(i));
+    FrameHeader s = h;
+    s.len = small.back().size();
+    burst.append(reinterpret_cast<const char*>(&s), sizeof s);
+    burst += small.back();
+  }
+  ASSERT_TRUE(write_full(cfd, burst.data(), burst.size(), 5));
+  ASSERT_TRUE(rx.wait([&] { return rx.frames.size() == 202; })) << rx.frames.size();
+  EXPECT_EQ(rx.payloads[1], big);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(rx.payloads[2 + i], small[i]);
+  loop.stop();
+  ::close(cfd);
 }
 
 TEST(Wire, GarbageMagicClosesTheConnection) {
