@@ -95,8 +95,8 @@ def test_unset_options_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"WorkerOptions\.rank = 2: must be < num_workers \(2\)"):
         _core.Worker(o)
     s = server_options(Config(role="server"))
-    s.engine_threads = 0
-    with pytest.raises(ValueError, match=r"ServerOptions\.engine_threads = 0"):
+    s.engine_threads = -1
+    with pytest.raises(ValueError, match=r"ServerOptions\.engine_threads = -1: must be >= 0"):
         _core.Server(s)
 
 

@@ -16,7 +16,7 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
-from fastps.config import Config, parse_addr, parse_size
+from fastps.config import Config, default_engine_threads, parse_addr, parse_size
 from fastps.control import (
     MAX_FRAME,
     ControlClient,
@@ -198,7 +198,11 @@ def test_config_defaults() -> None:
     assert Config.from_env({}).nudge_min_wait == 0.0
     assert Config.from_env({"FASTPS_NUDGE_MIN_WAIT": "0.01"}).nudge_min_wait == 0.01
     assert not Config.from_env({}).elastic_servers and not Config.from_env({"FASTPS_SHM": "no"}).shm
-    assert (cfg.conns_per_server, cfg.engine_threads) == (1, 2)
+    assert (cfg.conns_per_server, cfg.engine_threads) == (1, default_engine_threads())
+    assert [default_engine_threads(n) for n in (1, 2, 3, 64)] == [0, 0, 2, 2]
+    assert Config.from_env({"FASTPS_ENGINE_THREADS": "0"}).engine_threads == 0
+    with pytest.raises(FastPSError, match="FASTPS_ENGINE_THREADS.*must be >= 0"):
+        Config.from_env({"FASTPS_ENGINE_THREADS": "-1"})
     assert (cfg.io_threads, cfg.handshake_timeout) == (1, 5.0)
     tuned = Config.from_env({"FASTPS_IO_THREADS": "3", "FASTPS_HANDSHAKE_TIMEOUT": "0.5"})
     assert (tuned.io_threads, tuned.handshake_timeout) == (3, 0.5)

@@ -26,7 +26,9 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const 
 
 SumEngine::~SumEngine() { stop(); }
 
-void SumEngine::start() {
+void SumEngine::start(bool threaded) {
+  threaded_ = threaded;
+  if (!threaded_) return;
   thread_ = std::thread([this] {
     name_this_thread("fastps-sum" + std::to_string(index_));
     run();
@@ -40,10 +42,29 @@ void SumEngine::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(inline_mu_);
+  inline_stopped_ = true;
   keys_.clear();
 }
 
 void SumEngine::post(PushWork&& w) {
+  if (!threaded_) {
+    if (inline_owner_.load() == std::this_thread::get_id()) {
+      inline_pending_.push_back(std::move(w));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(inline_mu_);
+    if (inline_stopped_) return;
+    inline_owner_ = std::this_thread::get_id();
+    handle(w);
+    while (!inline_pending_.empty()) {
+      PushWork next = std::move(inline_pending_.front());
+      inline_pending_.pop_front();
+      handle(next);
+    }
+    inline_owner_ = std::thread::id{};
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(w));

@@ -53,7 +53,10 @@ class SumEngine {
   SumEngine(int index, uint32_t num_workers, uint32_t server_id,
             const EngineRules& rules = EngineRules{});
   ~SumEngine();
-  void start();
+  // threaded: a thread of its own sums what post() queues. Otherwise post() sums on
+  // the caller's thread (the connection's loop): on a host with few cores a part of a
+  // few hundred KiB sums in less time than handing it to another thread takes.
+  void start(bool threaded = true);
   void stop();
   void post(PushWork&& w);
   // Called for frames that fail checks: send kError to every worker's connection.
@@ -122,6 +125,13 @@ class SumEngine {
   std::deque<PushWork> queue_;
   bool stop_ = false;
   std::thread thread_;
+  bool threaded_ = true;
+  // Inline mode: one caller sums at a time; a post from inside a sum (on the same
+  // thread) waits in inline_pending_ until that sum returns.
+  std::mutex inline_mu_;
+  std::atomic<std::thread::id> inline_owner_{};
+  std::deque<PushWork> inline_pending_;
+  bool inline_stopped_ = false;
   std::unordered_map<uint64_t, KeyState> keys_;
   uint64_t parts_summed_ = 0;
   QuorumRounds quorum_;

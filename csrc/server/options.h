@@ -15,7 +15,7 @@ struct ServerOptions {
   std::string host;  // address to bind
   int port = 0;      // 0: any free port (Server::start returns it)
   int io_threads = 0;
-  int engine_threads = 0;
+  int engine_threads = 0;  // 0: sums on the thread that received the part
   // How long an accepted connection may take to authenticate.
   double handshake_timeout_s = 0;
   // Handshakes under way at once; past it the oldest is turned away (busy).

@@ -42,7 +42,8 @@ int Server::start() {
         engines_[(part_key(h.tensor, h.part) >> 7) % engines_.size()]->post(std::move(w));
       },
       [this](const std::string& m) { fatal(m); });
-  for (int i = 0; i < opts_.engine_threads; ++i) {
+  // engine_threads 0: one engine that sums on the thread that received the part.
+  for (int i = 0; i < std::max(1, opts_.engine_threads); ++i) {
     EngineRules rules;
     rules.quorum = opts_.round_quorum;
     rules.quorum_fraction = opts_.round_quorum_fraction;
@@ -53,7 +54,7 @@ int Server::start() {
     engines_.back()->set_error_broadcast(
         [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });
     engines_.back()->set_relay(relay_.get(), [this](const std::string& m) { fatal(m); });
-    engines_.back()->start();
+    engines_.back()->start(opts_.engine_threads > 0);
   }
   for (int i = 0; i < opts_.io_threads; ++i) {
     loops_.push_back(std::make_unique<EventLoop>("server-io-" + std::to_string(i)));

@@ -46,7 +46,7 @@ struct Cluster {
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<std::string> addrs;
 
-  Cluster(uint32_t workers, uint32_t nservers) {
+  Cluster(uint32_t workers, uint32_t nservers, int engine_threads = 2) {
     for (uint32_t s = 0; s < nservers; ++s) {
       ServerOptions o;
       o.server_id = s;
@@ -55,7 +55,7 @@ struct Cluster {
       o.token = "secret";
       o.host = "127.0.0.1";
       o.port = 0;
-      o.engine_threads = 2;
+      o.engine_threads = engine_threads;
       o.io_threads = 1;
       o.handshake_timeout_s = 5;
       o.max_pending_handshakes = 64;
@@ -161,12 +161,13 @@ float value(uint32_t rank, size_t i, int round) {
 
 class Loopback : public ::testing::TestWithParam<Path> {};
 
-TEST_P(Loopback, GroupedPushPullSumsEveryDtypeOverRounds) {
+// Sums of float32 and int64 tensors of many sizes, three rounds, checked exactly.
+void grouped_sums(Path path, int engine_threads) {
   const uint32_t workers = 3, nservers = 2;
-  Cluster c(workers, nservers);
+  Cluster c(workers, nservers, engine_threads);
   // Sizes from one element to several parts per server.
   const std::vector<size_t> counts = {1, 1000, 40000, 300000};
-  run_workers(c, workers, GetParam(), [&](uint32_t rank, Worker& w) {
+  run_workers(c, workers, path, [&](uint32_t rank, Worker& w) {
     for (int round = 0; round < 3; ++round) {
       std::vector<std::vector<float>> f32(counts.size());
       std::vector<std::vector<int64_t>> i64(counts.size());
@@ -200,6 +201,11 @@ TEST_P(Loopback, GroupedPushPullSumsEveryDtypeOverRounds) {
     }
   });
 }
+
+TEST_P(Loopback, GroupedPushPullSumsEveryDtypeOverRounds) { grouped_sums(GetParam(), 2); }
+
+// engine_threads 0: each server sums on the thread that received the part.
+TEST_P(Loopback, InlineSumsMatchThreadedSums) { grouped_sums(GetParam(), 0); }
 
 TEST_P(Loopback, ScaledHalfPrecisionAverage) {
   const uint32_t workers = 2, nservers = 1;
