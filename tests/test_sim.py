@@ -278,3 +278,23 @@ def test_racks_reach_the_uplink_bound(tmp_path: Path, oversub: float) -> None:
     else:
         assert r.bound_s > 1.5 * hosts
     assert r.bound_s * (1 - 1e-9) <= r.iteration_s <= 1.05 * r.bound_s
+
+
+def test_engine_with_zero_threads_sums_on_one() -> None:
+    # FASTPS_ENGINE_THREADS=0 is a server summing on its receiving thread: one at a time.
+    from fastps.sim.events import EventLoop
+    from fastps.sim.pushpull import _Engine
+
+    loop = EventLoop()
+    done: list = []
+    for threads, tag in ((0, "inline"), (2, "two")):
+        eng = _Engine(loop, threads)
+        for i in range(2):
+            eng.run(1.0, lambda tag=tag, i=i: done.append((tag, i, loop.now)))
+    loop.run()
+    assert sorted(done) == [
+        ("inline", 0, 1.0),
+        ("inline", 1, 2.0),
+        ("two", 0, 1.0),
+        ("two", 1, 1.0),
+    ]

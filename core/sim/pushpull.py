@@ -110,11 +110,12 @@ class _Connection:
 
 
 class _Engine:
-    """A server's summing: FIFO work on ``threads`` equal threads."""
+    """A server's summing: FIFO work on ``threads`` equal threads (0, as in
+    ``FASTPS_ENGINE_THREADS=0``: one, the receiving thread)."""
 
     def __init__(self, loop: EventLoop, threads: int) -> None:
         self.loop = loop
-        self.free_at = [0.0] * threads
+        self.free_at = [0.0] * max(1, threads)
         self.busy_s = 0.0
 
     def run(self, seconds: float, then: Callable[[], None]) -> None:

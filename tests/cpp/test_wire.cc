@@ -232,7 +232,10 @@ TEST(Wire, TcpReaderNeverWaitsForBytesNotOwed) {
   ASSERT_TRUE(write_full(cfd, &h, sizeof h, 5));
   ASSERT_TRUE(write_full(cfd, big.data(), big.size() - 100, 5));
   pause();
-  EXPECT_TRUE(rx.frames.empty());
+  {
+    std::lock_guard<std::mutex> lock(rx.mu);  // the loop thread writes frames
+    EXPECT_TRUE(rx.frames.empty());
+  }
   ASSERT_TRUE(write_full(cfd, big.data() + big.size() - 100, 100, 5));
   ASSERT_TRUE(rx.wait([&] { return rx.frames.size() == 1; }));
   EXPECT_EQ(rx.payloads[0], big);
