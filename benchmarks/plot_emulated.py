@@ -5,7 +5,8 @@ time max(C, communication bound at k) against the number of CPU hosts k, the bot
 its speedup over DDP-Gloo at the same ratio. Colour = system, marker and line style =
 compute-to-communication ratio. The issue-14 targets are drawn as dashed lines (0.9 of the
 ideal; 1.25x DDP). Several CSVs (one per model block) go into one figure; a row that did
-not finish (status other than "ok") is left out.
+not finish (status other than "ok") is left out; repeated runs of a cell (``--repeats``)
+are drawn as their median.
 
     python -m benchmarks.plot_emulated docs/rack-results/emulated-issue14-*.csv \
         --out docs/rack-results/emulated-issue14.png
@@ -14,6 +15,7 @@ not finish (status other than "ok") is left out.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -77,9 +79,10 @@ def series(
     rows: Sequence[Dict[str, str]], model: str, column: str
 ) -> Dict[Tuple[str, str], List[Tuple[float, float]]]:
     """(system, ratio) -> sorted [(k, value)]; DDP has no k of its own (it rings over the
-    workers; its rows say k = 0), so its one value per ratio is drawn across every k."""
+    workers; its rows say k = 0), so its one value per ratio is drawn across every k. Runs
+    repeated (``train_emulated --repeats``, or several CSVs of one cell) give their median."""
     ks = measured_ks(rows, model)
-    out: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
+    values: Dict[Tuple[str, str], Dict[float, List[float]]] = {}
     for r in rows:
         if r["model"] != model:
             continue
@@ -89,9 +92,13 @@ def series(
         key = (r["system"], _ratio_key(r["ratio"]))
         k = rc.csv_number(r.get("k"))
         spans = k is None or r["system"] == "DDP-Gloo"
-        points = [(kk, value) for kk in ks] if spans else [(k, value)]
-        out.setdefault(key, []).extend(points)
-    return {key: sorted(set(points)) for key, points in out.items()}
+        per_k = values.setdefault(key, {})
+        for kk in ks if spans else [k]:
+            per_k.setdefault(kk, []).append(value)
+    return {
+        key: sorted((k, statistics.median(vs)) for k, vs in per_k.items())
+        for key, per_k in values.items()
+    }
 
 
 def plot(rows: Sequence[Dict[str, str]], footers: Sequence[str], out: Path) -> None:

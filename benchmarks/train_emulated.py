@@ -70,6 +70,7 @@ if __package__ in (None, ""):
 from benchmarks import rack_common as rc  # noqa: E402
 from benchmarks.cpu_account import CpuSampler, thread_cpu  # noqa: E402
 from benchmarks.cpu_account import delta as cpu_delta  # noqa: E402
+from benchmarks.emulated_repeats import format_medians  # noqa: E402
 from benchmarks.emulator import models as em  # noqa: E402
 from benchmarks.emulator.schedule_bound import link_work  # noqa: E402
 from benchmarks.rack import linkstat  # noqa: E402
@@ -82,6 +83,7 @@ FIELDS = [
     "network",
     "n",
     "k",
+    "repeat",
     "rate_mbit",
     "goodput_mbit",
     "compute_nominal_s",
@@ -778,10 +780,12 @@ class Runner:
 
     # -- one model at every ratio
 
-    def measure(self, rack: Any, model: str, goodput_mbit: float) -> None:
+    def measure(self, rack: Any, model: str, goodput_mbit: float, repeat: int = 1) -> None:
         """Compute alone, then each fastps system at each k, then DDP, at every ratio:
         one launch per family and k (every ratio and fastps system in it), rows printed
-        as their launch ends and kept in the order ratio, system, k."""
+        as their launch ends and kept in the order ratio, system, k. ``repeat`` numbers
+        this pass over the table (``--repeats``); each pass has its own compute alone and
+        DDP, so its fractions and speedups stand on their own."""
         a = self.args
         spec = em.spec(model)
         if a.scale != 1.0:
@@ -805,6 +809,7 @@ class Runner:
                 "ratio": ratio,
                 "network": network,
                 "n": a.workers,
+                "repeat": repeat,
                 "rate_mbit": a.rate if rack is not None else "",
                 "goodput_mbit": goodput_mbit if rack is not None else "",
                 "compute_nominal_s": iteration_s,
@@ -936,6 +941,8 @@ class Runner:
                 f"{row['frac_ideal']:.3f} of ideal"
             )
         k = f"k={row['k']}" if row.get("k") != "" else ""
+        if self.args.repeats > 1:
+            extra += f" (pass {row['repeat']} of {self.args.repeats})"
         if "stall_s" in row:
             extra += (
                 f"; deferred {100 * row['deferred_frac']:.0f}% of updates, forward "
@@ -963,13 +970,16 @@ def _first_error(err: str) -> str:
 
 
 def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
+    passes = any(r.get("repeat", 1) != 1 for r in rows)  # --repeats: say which pass
     print(
         f"\n{'model':8s} {'ratio':>5s} {'system':22s} {'k':>2s} {'s/iter':>7s} "
         f"{'ideal':>7s} {'frac':>6s} {'vs DDP':>7s} {'p99/p50':>7s}  load"
+        + ("  pass" if passes else "")
     )
     for r in rows:
+        tail = f"  {r.get('repeat', '')}" if passes else ""
         if r.get("status") != "ok":
-            print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {r.get('status')}")
+            print(f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {r.get('status')}{tail}")
             continue
         frac = f"{r['frac_ideal']:6.3f}" if "frac_ideal" in r else f"{'-':>6s}"
         sp = f"{r['speedup_vs_ddp']:7.2f}" if "speedup_vs_ddp" in r else f"{'-':>7s}"
@@ -977,7 +987,7 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
         print(
             f"{r['model']:8s} {r['ratio']:>5s} {r['system']:22s} {str(r.get('k', '')):>2s} "
             f"{r['iter_s']:7.3f} {ideal} {frac} {sp} "
-            f"{r['iter_p99_s'] / r['iter_p50_s']:7.2f}  {r.get('load', '')}"
+            f"{r['iter_p99_s'] / r['iter_p50_s']:7.2f}  {r.get('load', '')}{tail}"
         )
 
 
@@ -1001,7 +1011,8 @@ def estimate(args: argparse.Namespace) -> float:
     (model, ratio, system, k) run costs its warm-up and timed iterations at a perfect
     scheduler's period (schedule_bound) / ESTIMATE_EFFICIENCY, plus RUN_OVERHEAD_S per set
     of processes started (one per model, family and k; one per run with
-    ``--fresh-processes`` or a timeline) and RUN_SWITCH_S per further run in a set."""
+    ``--fresh-processes`` or a timeline) and RUN_SWITCH_S per further run in a set; all of
+    it ``--repeats`` times."""
     from benchmarks.emulator.schedule_bound import period
 
     good = args.rate * rc.GOODPUT_FACTOR * 1e6 / 8
@@ -1031,12 +1042,13 @@ def estimate(args: argparse.Namespace) -> float:
                     family = ("fastps", k) if system.startswith("fastps") else ("ddp", 0)
                     per_set[family] = per_set.get(family, 0) + pairs
             print(
-                f"  estimate: {model} ratio {ratio}: {model_s / 60:.0f} min of iterations",
+                f"  estimate: {model} ratio {ratio}: {model_s / 60:.0f} min of iterations"
+                + (f" per pass, {args.repeats} passes" if args.repeats > 1 else ""),
                 flush=True,
             )
-            total += model_s
-        n_runs = sum(per_set.values())
-        n_sets = n_runs if fresh else len(per_set)
+            total += model_s * args.repeats
+        n_runs = sum(per_set.values()) * args.repeats
+        n_sets = n_runs if fresh else len(per_set) * args.repeats
         start_s = n_sets * RUN_OVERHEAD_S + (n_runs - n_sets) * RUN_SWITCH_S
         print(
             f"  estimate: {model}: {n_runs} runs in {n_sets} sets of processes, "
@@ -1066,7 +1078,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if args.network == "loopback":
         for model in args.models:
-            runner.measure(None, model, 0.0)
+            for repeat in range(1, args.repeats + 1):
+                runner.measure(None, model, 0.0, repeat)
     else:
         from benchmarks.rack import Rack, is_supported
 
@@ -1088,12 +1101,16 @@ def orchestrate(args: argparse.Namespace) -> int:
             )
             runner.meta["goodput"] = f"{link:.1f} Mbit/s"
             for model in args.models:
-                runner.measure(rack, model, link)
+                for repeat in range(1, args.repeats + 1):
+                    runner.measure(rack, model, link, repeat)
     runner.meta["duration"] = f"{time.monotonic() - t0:.0f} s"
     runner.meta["load_at_end"] = rc.load_text()
     if args.out:
         rc.write_csv(args.out, runner.rows, FIELDS, runner.meta)
     _print_table(runner.rows)
+    if args.repeats > 1:
+        print(f"\nmedians over {args.repeats} passes (fraction of the ideal; vs DDP per pass)")
+        print(format_medians(runner.rows))
     if args.json:
         print("JSON " + json.dumps(runner.rows))
     return 1 if any(r.get("status") != "ok" for r in runner.rows) else 0
@@ -1118,6 +1135,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed iterations (10; --stalls: 1000)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--fastps-env", nargs="*", default=[])
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="passes over the whole table, one after the other; prints each cell's median "
+        "fraction of the ideal, its range and how many runs reached 0.9",
+    )
     p.add_argument(
         "--estimate", action="store_true", help="print the runs and their expected time; run none"
     )
@@ -1201,6 +1225,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 p.error(f"--ratios wants positive numbers or ref, got {r!r}")
     if args.workers < 2:
         p.error("--workers must be >= 2")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     env: Dict[str, str] = {}
     for item in args.fastps_env:
         key, sep, value = item.partition("=")
