@@ -677,7 +677,11 @@ def sparse_allreduce_async(
         idx = indices.synchronize().t()
         vals = values.synchronize()
         if rop == Average:
-            vals = vals / ps.size()
+            # The gathered values are a buffer of this op's own: dividing in place spares
+            # a second allocation of every rank's rows (and its page faults), which sat on
+            # the next forward pass's critical path for an embedding table. Integers keep
+            # the true division's float result.
+            vals = vals.div_(ps.size()) if vals.is_floating_point() else vals / ps.size()
         return torch.sparse_coo_tensor(idx, vals, base.shape).coalesce()
 
     return Handle(label, [indices, values], finish)

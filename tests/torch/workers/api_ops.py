@@ -156,6 +156,37 @@ def check_allgather(dtype: torch.dtype) -> None:
     assert out3.shape == (2 * (size - 1), 3)
 
 
+def check_sparse_allreduce() -> None:
+    """Indices and values gathered, averaged (floats: exactly the gathered values over the
+    size, duplicates summed; integers: true division's floats) or summed; the caller's
+    tensor is untouched."""
+    size, rank = hvd.size(), hvd.rank()
+
+    def mine(dtype: torch.dtype, r: int) -> torch.Tensor:
+        # rows r and r + 1 of a 6 x 2 table: neighbouring ranks share a row
+        idx = torch.tensor([[r, r + 1]])
+        vals = torch.tensor([[1.0 + r, 2.0], [3.0, 4.0 + r]]).to(dtype)
+        return torch.sparse_coo_tensor(idx, vals, (6, 2))
+
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        tag = short(dtype)
+        grad = mine(dtype, rank)
+        before = grad.coalesce().values().clone()
+        want_sum = sum(mine(dtype, r).to_dense() for r in range(size))
+        out = hvd.sparse_allreduce_async(grad, name=f"sp.sum.{tag}", op=hvd.Sum).synchronize()
+        assert out.is_sparse and out.is_coalesced(), tag
+        assert torch.equal(out.to_dense(), want_sum), (tag, out.to_dense(), want_sum)
+        avg = hvd.sparse_allreduce_async(grad, name=f"sp.avg.{tag}").synchronize()
+        if dtype.is_floating_point:
+            want = sum(mine(dtype, r).to_dense() / size for r in range(size))
+            assert avg.dtype == dtype and torch.equal(avg.to_dense(), want), (tag, avg)
+        else:
+            assert avg.dtype.is_floating_point, (tag, avg.dtype)
+            assert torch.allclose(avg.to_dense().double(), want_sum.double() / size), (tag, avg)
+        assert torch.equal(grad.coalesce().values(), before), tag  # the input is untouched
+    print("sparse allreduce OK")
+
+
 def check_broadcast(dtype: torch.dtype) -> None:
     size, rank = hvd.size(), hvd.rank()
     tag = short(dtype)
@@ -375,6 +406,7 @@ def main() -> None:
         check_allgather(dtype)
         check_broadcast(dtype)
         print(f"dtype {short(dtype)} OK")
+    check_sparse_allreduce()
     check_compression()
     check_objects()
     check_autograd()
