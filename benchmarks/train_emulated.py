@@ -42,6 +42,10 @@ shrinks every tensor (same count, same Python-side work per tensor, fewer bytes)
     python -m benchmarks.train_emulated --network loopback --stalls --models resnet50 \
         --scale 0.01 --ratios 4 --systems fastps-cb fastps ddp
 
+``--repeats N`` makes the whole table N times, pass after pass, and then prints each cell's
+median fraction of the ideal, its range and how many runs reached 0.9
+(``benchmarks/emulated_repeats.py``): on a shared machine a cell is judged by its median.
+
 ``--linkstats DIR`` (rack) samples every host link's byte counters every 5 ms while each set
 of processes runs (``benchmarks/rack/linkstat.py``, one CSV per set): which link idled when,
 which worker pushed last. ``python -m benchmarks.rack.linkstat --show FILE`` prints one.
