@@ -66,9 +66,9 @@ from .ops import (
     _allreduce_op,
     _allreduce_start,
     _resolve_op,
+    _sparse_allreduce,
     core_dtype,
     global_process_set,
-    sparse_allreduce_async,
 )
 from .priority import ForwardOrder
 from .sfb import SufficientFactors
@@ -541,7 +541,11 @@ class _GradientSync:
         """A sparse gradient stays sparse: indices and values are gathered and summed."""
         # with its forward-order priority: a sparse embedding is the first layer the next
         # forward pass needs (cross-barrier) though backward produces it last
-        inner = sparse_allreduce_async(grad, e.name, self.op, self.process_set, self.priority(e))
+        # Handed back uncoalesced, as Horovod does: the optimizers sum duplicates themselves
+        # (SGD's sparse add) or coalesce first (Adagrad, SparseAdam).
+        inner = _sparse_allreduce(
+            grad, e.name, self.op, self.process_set, self.priority(e), coalesce=False
+        )
 
         def finish() -> torch.Tensor:
             return _hand_back(e, inner.synchronize())
