@@ -38,6 +38,7 @@ def test_collectives_every_dtype(subprocess_env: Dict[str, str]) -> None:
         assert len(lines_of(res.stdout, f"dtype {dtype} OK")) == 2, dtype
     for check in (
         "sparse allreduce",
+        "sparse optimizer",
         "compression",
         "objects",
         "autograd",

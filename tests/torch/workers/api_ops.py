@@ -187,6 +187,32 @@ def check_sparse_allreduce() -> None:
     print("sparse allreduce OK")
 
 
+def check_sparse_optimizer() -> None:
+    """DistributedOptimizer hands a sparse embedding's sum back uncoalesced, as Horovod does
+    (a row two ranks used appears twice), and SGD applies exactly the averaged gradient."""
+    size, rank = hvd.size(), hvd.rank()
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    with torch.no_grad():
+        emb.weight.zero_()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters()
+    )
+    emb(torch.tensor([rank, rank + 1])).sum().backward()  # neighbouring ranks share a row
+    opt.synchronize()
+    grad = emb.weight.grad
+    assert grad is not None and grad.is_sparse and not grad.is_coalesced(), grad
+    want = torch.zeros(6, 2)
+    for r in range(size):
+        want[r] += 1.0 / size
+        want[r + 1] += 1.0 / size
+    assert torch.equal(grad.coalesce().to_dense(), want), (grad, want)
+    with opt.skip_synchronize():
+        opt.step()
+    opt.wait_for_updates()
+    assert torch.equal(emb.weight.detach(), -0.5 * want), emb.weight
+    print("sparse optimizer OK")
+
+
 def check_broadcast(dtype: torch.dtype) -> None:
     size, rank = hvd.size(), hvd.rank()
     tag = short(dtype)
@@ -407,6 +433,7 @@ def main() -> None:
         check_broadcast(dtype)
         print(f"dtype {short(dtype)} OK")
     check_sparse_allreduce()
+    check_sparse_optimizer()
     check_compression()
     check_objects()
     check_autograd()
