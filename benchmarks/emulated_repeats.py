@@ -29,15 +29,15 @@ def cell_key(row: Mapping[str, Any]) -> CellKey:
 
 
 def _number(row: Mapping[str, Any], column: str) -> Optional[float]:
-    value = row.get(column)
-    return float(value) if isinstance(value, (int, float)) else rc.csv_number(value)
+    return rc.csv_number(row.get(column))  # a float in a live row, a string read back
 
 
-def medians(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+def medians(rows: Sequence[Mapping[str, Any]], target: float = 0.9) -> List[Dict[str, Any]]:
     """One summary per cell (compute alone left out), in the order the cells first appear:
-    ``runs`` (finished), ``failed`` (runs that did not finish), and over the finished runs
-    the median, minimum and maximum of ``frac_ideal`` (None if none finished), the median
-    of ``iter_s`` and, where every finished run had DDP beside it, of ``speedup_vs_ddp``."""
+    ``runs`` (finished), ``failed`` (runs that did not finish), ``reached`` (finished runs
+    at or above ``target``), and over the finished runs the median, minimum and maximum of
+    ``frac_ideal`` (None if none finished), the median of ``iter_s`` and, where every
+    finished run had DDP beside it, of ``speedup_vs_ddp``."""
     order: List[CellKey] = []
     cells: Dict[CellKey, List[Mapping[str, Any]]] = {}
     failed: Dict[CellKey, int] = {}
@@ -58,8 +58,7 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     for key in order:
         runs = cells[key]
-        fracs = [_number(r, "frac_ideal") for r in runs]
-        fr = [f for f in fracs if f is not None]  # empty: every run of the cell failed
+        fr = [_number(r, "frac_ideal") or 0.0 for r in runs]  # empty: every run failed
         iters = [x for x in (_number(r, "iter_s") for r in runs) if x is not None]
         speed = [x for x in (_number(r, "speedup_vs_ddp") for r in runs) if x is not None]
         model, grad, ratio, system, k = key
@@ -72,6 +71,7 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
                 "k": k,
                 "runs": len(runs),
                 "failed": failed.get(key, 0),
+                "reached": sum(1 for f in fr if f >= target),
                 "frac_median": statistics.median(fr) if fr else None,
                 "frac_min": min(fr) if fr else None,
                 "frac_max": max(fr) if fr else None,
@@ -91,14 +91,7 @@ def format_medians(rows: Sequence[Mapping[str, Any]], target: float = 0.9) -> st
         f"{'model':8s} {'ratio':>5s} {'system':22s} {'k':>2s} {'runs':>4s} {'failed':>6s} "
         f"{'median':>7s} {'min-max':>13s} {'>=' + format(target, 'g'):>5s} {'vs DDP':>7s}"
     ]
-    for m in medians(rows):
-        reached = sum(
-            1
-            for r in rows
-            if r.get("status") == "ok"
-            and cell_key(r) == cell_key(m)
-            and (_number(r, "frac_ideal") or 0.0) >= target
-        )
+    for m in medians(rows, target):
         sp = f"{m['speedup_median']:7.2f}" if m["speedup_median"] is not None else f"{'-':>7s}"
         if m["frac_median"] is None:
             lines.append(
@@ -110,6 +103,6 @@ def format_medians(rows: Sequence[Mapping[str, Any]], target: float = 0.9) -> st
             f"{m['model']:8s} {m['ratio']:>5s} {m['system']:22s} {m['k']:>2s} {m['runs']:>4d} "
             f"{m['failed']:>6d} "
             f"{m['frac_median']:7.3f} {m['frac_min']:6.3f}-{m['frac_max']:.3f} "
-            f"{reached:>2d}/{m['runs']:<2d} {sp}"
+            f"{m['reached']:>2d}/{m['runs']:<2d} {sp}"
         )
     return "\n".join(lines)

@@ -46,7 +46,7 @@ def test_medians_per_cell_with_spread_and_failures() -> None:
     out = {m["k"]: m for m in medians(rows)}
     assert list(out) == ["4", "2", "1"]  # the order the cells first appear; no compute alone
     k4 = out["4"]
-    assert (k4["runs"], k4["failed"]) == (3, 0)
+    assert (k4["runs"], k4["failed"], k4["reached"]) == (3, 0, 2)
     assert k4["frac_median"] == pytest.approx(0.91)
     assert (k4["frac_min"], k4["frac_max"]) == (0.88, 0.93)
     assert k4["iter_median_s"] == pytest.approx(3.0 / 0.91)
