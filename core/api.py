@@ -73,6 +73,11 @@ class _State:
         # holds it.
         self.abandoned: List[Handle] = []
         self.abandoned_lock = threading.RLock()
+        # Gradients' sums are quorum rounds (FASTPS_ROUND_QUORUM; docs/async.md). Not with
+        # elastic servers: a rerouted round is redone whole, by every worker.
+        self.quorum = (
+            bool(cfg.round_quorum or cfg.round_quorum_fraction) and not cfg.elastic_servers
+        )
 
 
 _state: Optional[_State] = None
@@ -195,6 +200,11 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             raise kind(f"worker {cfg.rank}: {exc}") from None
         _state = _State(cfg, client, membership, worker)
         _state.link_mbit = link
+        if (cfg.round_quorum or cfg.round_quorum_fraction) and not _state.quorum and cfg.rank == 0:
+            log.warning(
+                "FASTPS_ROUND_QUORUM is ignored with elastic servers (FASTPS_ELASTIC_SERVERS=1): "
+                "a rerouted round is redone by every worker, so every round waits for all"
+            )
         if client is not None and cfg.stall_warning > 0:
             _state.stall = StallInspector(
                 client, cfg.rank, cfg.stall_warning, cfg.stall_shutdown, _state.counts
@@ -747,6 +757,7 @@ def push_pull_raw(
     pushers: int = 0,
     mode: int = 0,
     compression: Any = None,
+    quorum: bool = False,
 ) -> Handle:
     """Lowest-level entry for plugins: buffers already resolved to addresses.
 
@@ -756,7 +767,9 @@ def push_pull_raw(
     workers push each part; ``send=False`` only receives the result into ``out_buf``,
     ``receive=False`` only contributes ``in_buf``. ``mode`` (core/async_mode.py): 0 a sum,
     else an exchange with the parameters the servers keep (docs/async.md). ``compression``: a
-    :class:`fastps.Compression` choice (docs/compression.md); None: uncompressed."""
+    :class:`fastps.Compression` choice (docs/compression.md); None: uncompressed.
+    ``quorum=True``: a gradient's sum, whose round may close with FASTPS_ROUND_QUORUM
+    pushes (docs/async.md); every other sum waits for every worker."""
     st = _st()
     if st.abandoned:
         sweep_abandoned()
@@ -776,8 +789,10 @@ def push_pull_raw(
     rnd = st.counts.add(name, stall.in_flight if stall is not None else list)
     st.bytes += in_buf.nbytes
     st.submitted += 1
+    if quorum and not mode and st.quorum:
+        mode = QUORUM_SUM
     batch: Optional[_Batch] = getattr(_batching, "batch", None)
-    if batch is not None and batch.st is st and not mode:
+    if batch is not None and batch.st is st and mode in (0, QUORUM_SUM):
         handle = Handle(st, None, name, out, [in_buf.owner, out_buf.owner, *keep])
         row: Tuple[Any, ...] = (
             in_buf.ptr,
@@ -788,10 +803,12 @@ def push_pull_raw(
             priority,
             float(scale),
         )
-        if pushers or spec:
+        if pushers or spec or mode:
             row = (*row, bool(send), bool(receive), int(pushers))
-        if spec:
+        if spec or mode:
             row = (*row, spec)
+        if mode:
+            row = (*row, mode)
         batch.add(row, handle)
         return handle._tracked(rnd)
     try:
@@ -814,15 +831,23 @@ def push_pull_raw(
     return Handle(st, hid, name, out, [in_buf.owner, out_buf.owner, *keep])._tracked(rnd)
 
 
-# push_pull mode of a catch-up fetch (csrc/worker/handle.h, PushMode::kQuorumFetch).
+# push_pull modes (csrc/worker/handle.h, PushMode): a catch-up fetch, and a gradient's sum
+# (a quorum round under FASTPS_ROUND_QUORUM).
 QUORUM_FETCH = 4
+QUORUM_SUM = 5
 
 
 def quorum_rounds() -> bool:
-    """Whether plain sums are quorum rounds (FASTPS_ROUND_QUORUM), so a wait may report
-    rounds to catch up on."""
-    cfg = _st().cfg
-    return bool(cfg.round_quorum or cfg.round_quorum_fraction)
+    """Whether gradients' sums are quorum rounds (FASTPS_ROUND_QUORUM): a round may close
+    without the slowest workers, and a wait may report rounds that closed without this one."""
+    return _st().quorum
+
+
+def quorum_catch_up() -> bool:
+    """Whether an optimizer applies the rounds that closed without this worker at once
+    (FASTPS_QUORUM_CATCH_UP with quorum rounds; docs/async.md, "Catch-up")."""
+    st = _st()
+    return st.quorum and st.cfg.quorum_catch_up
 
 
 def push_pull_inplace_id(
@@ -835,6 +860,7 @@ def push_pull_inplace_id(
     scale: float,
     compression: Any = None,
     fetch: bool = False,
+    quorum: bool = False,
 ) -> int:
     """Starts summing the ``nbytes`` at ``ptr`` in place and returns the core's op id.
 
@@ -846,7 +872,8 @@ def push_pull_inplace_id(
 
     ``fetch=True`` (quorum rounds, docs/async.md "Catch-up"): pushes nothing and writes into
     ``ptr`` the sum of the tensor's next round, which closed without this worker (a wait
-    on an op of this name returned how many rounds did), from the servers' history."""
+    on an op of this name returned how many rounds did), from the servers' history.
+    ``quorum=True``: a gradient's sum (see :func:`push_pull_raw`)."""
     st = _state
     if st is None:
         st = _st()  # raises
@@ -883,7 +910,7 @@ def push_pull_inplace_id(
             True,
             True,
             0,
-            QUORUM_FETCH if fetch else 0,
+            QUORUM_FETCH if fetch else QUORUM_SUM if quorum and st.quorum else 0,
             spec,
         )
     except BaseException as exc:
@@ -965,6 +992,7 @@ def push_pull_async(
     out: Any = None,
     dtype: Optional[str] = None,
     compression: Any = None,
+    quorum: bool = False,
 ) -> Handle:
     """Starts summing (or averaging) ``tensor`` over all workers.
 
@@ -975,7 +1003,9 @@ def push_pull_async(
     same priority: a disagreement aborts the job with FastPSAbort naming the tensor and both
     priorities. ``dtype`` reinterprets the elements (numpy has no bfloat16: pass uint16 bits
     with "bfloat16"). ``compression``: a :class:`fastps.Compression` choice
-    (docs/compression.md); None: uncompressed.
+    (docs/compression.md); None: uncompressed. ``quorum=True`` marks a gradient: under
+    FASTPS_ROUND_QUORUM its round may close without the slowest workers (docs/async.md);
+    otherwise, and for every other sum, every worker's push counts.
     """
     st = _st()
     name = name or auto_name("push_pull")
@@ -987,7 +1017,9 @@ def push_pull_async(
     else:
         dst = raw_buffer(out, f"output of tensor '{name}'", writable=True, dtype=dtype)
     scale = 1.0 / st.cfg.num_workers if average else 1.0
-    return push_pull_raw(src, dst, name, priority, scale, out=out, compression=compression)
+    return push_pull_raw(
+        src, dst, name, priority, scale, out=out, compression=compression, quorum=quorum
+    )
 
 
 def push_pull(
@@ -998,9 +1030,12 @@ def push_pull(
     out: Any = None,
     dtype: Optional[str] = None,
     compression: Any = None,
+    quorum: bool = False,
 ) -> Any:
     """Sums (or averages) ``tensor`` over all workers and returns the result."""
-    return push_pull_async(tensor, average, name, priority, out, dtype, compression).synchronize()
+    return push_pull_async(
+        tensor, average, name, priority, out, dtype, compression, quorum
+    ).synchronize()
 
 
 def grouped_push_pull_async(
@@ -1010,6 +1045,7 @@ def grouped_push_pull_async(
     priorities: Optional[Sequence[int]] = None,
     outs: Optional[Sequence[Any]] = None,
     compression: Any = None,
+    quorum: bool = False,
 ) -> List[Handle]:
     """Starts a push_pull per tensor, all at once (:func:`submission_batch`).
 
@@ -1029,6 +1065,7 @@ def grouped_push_pull_async(
                 priority=0 if priorities is None else int(priorities[i]),
                 out=None if outs is None else outs[i],
                 compression=compression,
+                quorum=quorum,
             )
             for i, t in enumerate(tensors)
         ]
@@ -1041,9 +1078,12 @@ def grouped_push_pull(
     priorities: Optional[Sequence[int]] = None,
     outs: Optional[Sequence[Any]] = None,
     compression: Any = None,
+    quorum: bool = False,
 ) -> List[Any]:
     """Sums (or averages) every tensor over all workers; returns the outputs in order."""
-    handles = grouped_push_pull_async(tensors, average, names, priorities, outs, compression)
+    handles = grouped_push_pull_async(
+        tensors, average, names, priorities, outs, compression, quorum
+    )
     return [h.synchronize() for h in handles]
 
 

@@ -402,6 +402,10 @@ class Config:
     round_quorum: int = 0
     round_quorum_fraction: float = 0.0
     quorum_history: int = DEFAULT_QUORUM_HISTORY
+    # FASTPS_QUORUM_CATCH_UP=1: a worker behind applies the rounds that closed without it
+    # at once, so it makes fewer step() calls than its peers: only for loops that count
+    # applied rounds (docs/async.md, "Catch-up"); off, every rank's i-th step is round i.
+    quorum_catch_up: bool = False
     mode: str = "sync"
     staleness: int = -1
 
@@ -491,6 +495,7 @@ class Config:
         stall_shutdown = e.seconds0("FASTPS_STALL_SHUTDOWN_S", 0.0)
         quorum, quorum_fraction = _quorum(e.raw("FASTPS_ROUND_QUORUM"))
         quorum_history, _ = e.integer(("FASTPS_QUORUM_HISTORY",), DEFAULT_QUORUM_HISTORY, minimum=1)
+        quorum_catch_up = e.switch("FASTPS_QUORUM_CATCH_UP", False)
         mode = (e.raw("FASTPS_MODE") or "sync").strip().lower()
         if mode not in MODES:
             raise _bad("FASTPS_MODE", e.raw("FASTPS_MODE") or "", f"expected one of {MODES}")
@@ -540,6 +545,7 @@ class Config:
             round_quorum=quorum,
             round_quorum_fraction=quorum_fraction,
             quorum_history=quorum_history,
+            quorum_catch_up=quorum_catch_up,
             mode=mode,
             staleness=staleness,
         )

@@ -82,6 +82,17 @@ class Coordinator:
         if name == JOIN and rank in self._joined.get(set_id, []):
             self._joined[set_id].remove(rank)
 
+    def waits(self) -> List[Tuple[int, str, List[int], List[int]]]:
+        """Every open gather, for the stall inspector (core/stall.py): (set id, op name,
+        the ranks that announced it and wait, the members it still lacks; a rank in join
+        lacks only the join)."""
+        out = []
+        for (set_id, name), gather in self._gathers.items():
+            joined = self._joined.get(set_id, []) if name != JOIN else []
+            lacking = [r for r in gather.ranks if r not in gather.records and r not in joined]
+            out.append((set_id, name, sorted(gather.records), lacking))
+        return out
+
     def forget_set(self, set_id: int) -> None:
         """A removed process set: its pending gathers can never complete."""
         for key in [k for k in self._gathers if k[0] == set_id]:

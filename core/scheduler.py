@@ -40,8 +40,8 @@ from .control import MAX_FRAME, FrameDecoder, FrameError, boot_id, compute_mac, 
 from .coordinator import Coordinator
 from .elastic.server_pool import MAX_SERVER_ID, ServerPool
 from .errors import FastPSError
+from .stall import DeadlockWatch, confirm_interval, control_wait, find_stalls, poll_interval
 from .stall import describe as describe_stall
-from .stall import find_stalls
 
 __all__ = ["Scheduler", "main"]
 
@@ -165,6 +165,15 @@ class Scheduler:
         self._tensors: Dict[Tuple[str, int], _Declared] = {}  # by (name, version)
         self._coordinator = Coordinator()
         self._stall: Optional[Dict[str, Any]] = None  # the stall inquiry under way
+        # The workers' FASTPS_STALL_WARNING_S (their stall_config; 0: inspector off), when
+        # the scheduler last looked at the waits it holds, when each was first seen, when
+        # the last inquiry started, and when to inquire again to prove a deadlock.
+        self._stall_warning = 0.0
+        self._stall_look_at = 0.0
+        self._stall_held: Dict[Tuple[str, int, str], float] = {}
+        self._stall_asked_at = 0.0
+        self._stall_recheck_at: Optional[float] = None
+        self._deadlock = DeadlockWatch()
         # rank -> (when, the counters its last heartbeat carried), for fastpsrun --progress
         self._worker_stats: Dict[int, Tuple[float, Dict[str, Any]]] = {}
         self._stats_lock = threading.Lock()
@@ -534,6 +543,7 @@ class Scheduler:
             if len(missing) > 16:
                 shown += f" and {len(missing) - 16} more"
             self._abort(f"registration timed out after {self.timeout:g} s: missing {shown}")
+        self._stall_tick(now)
 
     # ------------------------------------------------------------- messages
     def _handle(self, conn: _Conn, msg: Dict[str, Any]) -> None:
@@ -558,6 +568,8 @@ class Scheduler:
             self._stall_check(conn)
         elif kind == "stall_report":
             self._stall_report(conn, msg)
+        elif kind == "stall_config":
+            self._stall_config(conn, msg)
         elif kind == "barrier":
             self._barrier(conn, msg)
         elif kind == "declare":
@@ -756,20 +768,87 @@ class Scheduler:
         with self._stats_lock:
             return dict(self._worker_stats)
 
+    def _stall_config(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        warning = msg.get("warning_s")
+        if conn.role != "worker" or not isinstance(warning, (int, float)) or warning <= 0:
+            return
+        known = self._stall_warning
+        self._stall_warning = float(warning) if not known else min(known, float(warning))
+
     def _stall_check(self, conn: _Conn) -> None:
         """A worker's push_pull waited too long: ask every worker what it submitted
         (core/stall.py). One inquiry at a time; one that lost a worker is restarted."""
         if conn.role != "worker" or conn.node_id is None:
             return
-        now = time.monotonic()
+        self._stall_inquire(time.monotonic())
+
+    def _stall_inquire(self, now: float) -> None:
         if self._stall is not None and now - self._stall["started"] < STALL_INQUIRY_S:
             return
         active = [
             r for r, c in self._workers.items() if not c.closed and ("worker", r) not in self._left
         ]
         self._stall = {"started": now, "pending": set(active), "reports": {}}
+        self._stall_asked_at = now
         for r in active:
             self._send(self._workers[r], {"type": "stall_query"})
+
+    def _stall_tick(self, now: float) -> None:
+        """The waits the scheduler holds itself (a collective's announcement, a barrier)
+        raise no worker's stall_check: past the warning period, inquire from here. Also
+        the follow-up inquiry that proves a deadlock."""
+        warning = self._stall_warning
+        if warning <= 0 or self.abort_reason is not None or not self._membership_sent:
+            return
+        if self._stall_recheck_at is not None and now >= self._stall_recheck_at:
+            self._stall_recheck_at = None
+            self._stall_inquire(now)
+            return
+        if now < self._stall_look_at:
+            return
+        self._stall_look_at = now + poll_interval(warning)
+        held = self._held_waits(now)
+        if any(w["age_s"] >= warning for w in held) and now - self._stall_asked_at >= warning:
+            self._stall_inquire(now)
+
+    def _held_waits(self, now: float) -> List[Dict[str, Any]]:
+        """The collectives announced by some members only and the barriers some workers
+        entered, each with the ranks it holds, the ranks it lacks and its age (since this
+        first saw it)."""
+        found: List[Tuple[str, int, str, List[int], List[int]]] = [
+            ("op", set_id, name, waiting, lacking)
+            for set_id, name, waiting, lacking in self._coordinator.waits()
+            if waiting
+        ]
+        for name, arrived in self._barriers.items():
+            lacking = [r for r in range(self.num_workers) if r not in arrived]
+            found.append(("barrier", 0, name, sorted(arrived), lacking))
+        since = {(k, sid, n): self._stall_held.get((k, sid, n), now) for k, sid, n, _, _ in found}
+        self._stall_held = since
+        # A barrier's waiters may have timed out and gone on (nothing withdraws them):
+        # one as old as the barrier timeout (FASTPS_TIMEOUT, as here) waits for nobody.
+        late = self.timeout - poll_interval(self._stall_warning or self.timeout)
+        return [
+            control_wait(k, n, waiting, lacking, now - since[(k, sid, n)], sid)
+            for k, sid, n, waiting, lacking in found
+            if k != "barrier" or now - since[(k, sid, n)] < late
+        ]
+
+    def _stable_ranks(self) -> Optional[List[int]]:
+        """Every rank, if the job's workers are all in and none has left; else None.
+
+        A deadlock is proven only over a fixed membership. Within one scheduler it is
+        fixed once complete: a lost worker aborts the job, and an elastic job forms each
+        generation (a replaced worker's) with a scheduler of its own. A worker that left
+        is not counted as never submitting (its last counts are unknown): no proof then."""
+        if not self._membership_sent or self.abort_reason is not None:
+            return None
+        if len(self._workers) != self.num_workers:
+            return None
+        for r, c in self._workers.items():
+            if c.closed or ("worker", r) in self._left:
+                return None
+        return list(range(self.num_workers))
 
     def _stall_report(self, conn: _Conn, msg: Dict[str, Any]) -> None:
         inquiry = self._stall
@@ -785,17 +864,57 @@ class Scheduler:
         if inquiry["pending"]:
             return
         self._stall = None
+        now = time.monotonic()
+        reports = inquiry["reports"]
+        held = self._held_waits(now)
         try:
-            stalls = find_stalls(inquiry["reports"], range(self.num_workers))
+            stalls = find_stalls(reports, range(self.num_workers))
+            warnings = [float(r.get("warning_s", 0) or 0) for r in reports.values()]
         except (TypeError, ValueError, AttributeError) as exc:
             log.warning("malformed stall report: %s", exc)
             return
+        warning = min([w for w in warnings if w > 0] or [self._stall_warning or 0.0])
+        # Only waits past the warning are stalls (an inquiry sees every wait in flight).
+        stalls = [s for s in stalls if s["age_s"] >= warning]
         for s in stalls:
             log.warning("stall: %s", describe_stall(s))
-        for r in inquiry["reports"]:
+        for w in held:
+            if w["age_s"] >= warning:
+                log.warning("stall: %s", describe_stall(w))
+        if self._stall_permanent(now, reports, held, warning):
+            return
+        for r in reports:
             worker = self._workers.get(r)
             if worker is not None and not worker.closed:
                 self._send(worker, {"type": "stall_result", "stalls": stalls})
+
+    def _stall_permanent(
+        self,
+        now: float,
+        reports: Dict[int, Any],
+        held: List[Dict[str, Any]],
+        warning: float,
+    ) -> bool:
+        """Aborts the job if the stall is proven permanent (core/stall.py, DeadlockWatch);
+        else, while it looks like one, schedules the inquiry that can prove it."""
+        ranks = self._stable_ranks()
+        if ranks is None or warning <= 0 or set(reports) != set(ranks):
+            self._deadlock.reset()
+            return False
+        try:
+            text, again = self._deadlock.observe(
+                now, reports, held, ranks, confirm_interval(warning)
+            )
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            log.warning("malformed stall report: %s", exc)
+            self._deadlock.reset()
+            return False
+        self._stall_recheck_at = again
+        if text is None:
+            return False
+        log.error("stall: %s", text)
+        self._abort(text)
+        return True
 
     def _coord(self, conn: _Conn, msg: Dict[str, Any]) -> None:
         """A collective announced by one worker (``core/coordinator.py``)."""

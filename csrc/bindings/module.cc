@@ -25,6 +25,13 @@ using namespace fastps;
 
 namespace {
 void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+PushMode push_mode_of(int mode, const std::string& name) {
+  if (mode < 0 || mode >= kPushModes)
+    throw std::invalid_argument("push_pull of '" + name + "': mode " + std::to_string(mode) +
+                                " is not 0.." + std::to_string(kPushModes - 1));
+  return static_cast<PushMode>(mode);
+}
 int64_t to_us(double seconds) { return static_cast<int64_t>(std::llround(seconds * 1e6)); }
 
 // A list-valued option: read as a tuple, so that `opts.servers.append(x)` fails
@@ -268,10 +275,7 @@ PYBIND11_MODULE(_core, m) {
             r.send = send;
             r.receive = receive;
             r.pushers = pushers;
-            if (mode < 0 || mode > 4)
-              throw std::invalid_argument("push_pull of '" + name + "': mode " +
-                                          std::to_string(mode) + " is not 0..4");
-            r.mode = static_cast<PushMode>(mode);
+            r.mode = push_mode_of(mode, name);
             r.compression = CompressionSpec::parse(compression);
             py::gil_scoped_release nogil;
             return w.push_pull_group({r}).front();
@@ -290,10 +294,10 @@ PYBIND11_MODULE(_core, m) {
             std::vector<PushPullRequest> reqs(rows.size());
             for (size_t i = 0; i < rows.size(); ++i) {
               const py::tuple& row = rows[i];
-              if (row.size() != 7 && row.size() != 10 && row.size() != 11)
+              if (row.size() != 7 && row.size() != 10 && row.size() != 11 && row.size() != 12)
                 throw std::invalid_argument("push_pull_group: request " + std::to_string(i) +
                                             " has " + std::to_string(row.size()) +
-                                            " fields; expected 7, 10 or 11");
+                                            " fields; expected 7, 10, 11 or 12");
               PushPullRequest& r = reqs[i];
               r.in = as_ptr(row[0].cast<uintptr_t>());
               r.out = as_ptr(row[1].cast<uintptr_t>());
@@ -307,15 +311,16 @@ PYBIND11_MODULE(_core, m) {
                 r.receive = row[8].cast<bool>();
                 r.pushers = row[9].cast<uint32_t>();
               }
-              if (row.size() == 11)
+              if (row.size() >= 11)
                 r.compression = CompressionSpec::parse(row[10].cast<std::string>());
+              if (row.size() == 12) r.mode = push_mode_of(row[11].cast<int>(), r.name);
             }
             py::gil_scoped_release nogil;
             return w.push_pull_group(reqs);
           },
           py::arg("requests"),
           "Starts a push_pull per (in_ptr, out_ptr, nbytes, dtype, name, priority, scale"
-          "[, send, receive, pushers[, compression]]): all or none; handle ids in order.")
+          "[, send, receive, pushers[, compression[, mode]]]): all or none; handle ids in order.")
       .def(
           "set_fusion_plan",
           [](Worker& w, const std::string& plan,

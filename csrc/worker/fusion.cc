@@ -185,9 +185,9 @@ bool Fuser::arrive(const std::shared_ptr<Handle>& h, std::shared_ptr<FusionBucke
     b.mode = h->mode;
   } else if (b.mode != h->mode) {
     *why = "tensor '" + h->tensor->name + "' arrived for fusion bucket '" + b.plan.name + "' as " +
-           (h->fetch() ? "a catch-up fetch" : "a sum") + " while the bucket's round is " +
-           (h->fetch() ? "a sum" : "a catch-up fetch") +
-           " (fetch every tensor of a step's round, or none)";
+           push_mode_text(h->mode) + " while the bucket's round is " + push_mode_text(b.mode) +
+           " (every tensor of a bucket travels alike: fetch every tensor of a step's round, or "
+           "none)";
     return true;
   }
   if (h->nbytes && !h->fetch()) std::memcpy(b.data.get() + b.plan.offsets[i], h->in, h->nbytes);

@@ -20,14 +20,40 @@ namespace fastps {
 // parameters it keeps, their initial value from rank 0, or a read of them; or, under quorum
 // rounds, a catch-up fetch: the sum of the tensor's next round, which closed without this
 // worker, from the servers' history (want-only, nothing counted; the round still counts
-// as this worker's, so its next push is of the round after).
+// as this worker's, so its next push is of the round after). kQuorumSum is the plain sum of a
+// gradient: under quorum rounds its round may close with the quorum; every other sum (an
+// allreduce of metrics or counts) waits for all and is exact.
 enum class PushMode : uint8_t {
   kSum = 0,
   kAsyncUpdate = 1,
   kAsyncInit = 2,
   kAsyncRead = 3,
   kQuorumFetch = 4,
+  kQuorumSum = 5,
 };
+constexpr int kPushModes = 6;
+
+// A plain sum of every worker's push (a gradient's or not).
+inline bool plain_sum(PushMode m) { return m == PushMode::kSum || m == PushMode::kQuorumSum; }
+
+// What a push of mode `m` is, for error messages.
+inline const char* push_mode_text(PushMode m) {
+  switch (m) {
+    case PushMode::kSum:
+      return "a sum";
+    case PushMode::kAsyncUpdate:
+      return "an async update";
+    case PushMode::kAsyncInit:
+      return "an async init";
+    case PushMode::kAsyncRead:
+      return "an async read";
+    case PushMode::kQuorumFetch:
+      return "a catch-up fetch";
+    case PushMode::kQuorumSum:
+      return "a gradient's (quorum) sum";
+  }
+  return "an unknown push";
+}
 
 struct Handle {
   int64_t id = 0;
@@ -49,7 +75,7 @@ struct Handle {
   bool fetch() const { return mode == PushMode::kQuorumFetch; }
   // Async pushes travel as routed ones do: straight to the servers, no local sum, no fusion.
   bool routed() const {
-    return !fetch() && (!send || !receive || pushers != 0 || mode != PushMode::kSum);
+    return !fetch() && (!send || !receive || pushers != 0 || !plain_sum(mode));
   }
   CompressionSpec compression;  // enabled: parts travel compressed, straight to the servers
   // Parts go straight to the servers (no fusion, local reduce or staging slot).

@@ -199,7 +199,7 @@ std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>&
         throw std::invalid_argument("tensor '" + r.name + "': " + dtype_name(r.dtype) +
                                     " cannot be compressed with " + r.compression.describe() +
                                     " (float types only)");
-      if (r.pushers || r.mode != PushMode::kSum)
+      if (r.pushers || !plain_sum(r.mode))
         throw std::invalid_argument("tensor '" + r.name +
                                     "': a routed or async push_pull cannot be compressed");
     }
@@ -429,7 +429,8 @@ void Worker::send_part(PartTask t) {
   Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len) : t.stage;
   FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
   hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
-  if (opts_.quorum) hdr.flags |= kFlagQuorum;
+  // Only a gradient's sum may close without every push (handle.h, PushMode::kQuorumSum).
+  if (opts_.quorum && h.mode == PushMode::kQuorumSum) hdr.flags |= kFlagQuorum;
   (link.by_slot(p) ? stats_.pushed_shm : stats_.pushed_socket)++;
   trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
   if (!link.send(hdr, p, [this, server, len, tensor = hdr.tensor, part = hdr.part] {
@@ -501,7 +502,7 @@ void Worker::check_routing(const PushPullRequest& r) const {
       throw std::invalid_argument("tensor '" + r.name + "': cannot fetch a closed round: " + why);
     return;
   }
-  if (r.mode != PushMode::kSum) {
+  if (!plain_sum(r.mode)) {
     bool reads = r.mode == PushMode::kAsyncRead;
     if (r.pushers || !r.receive || (r.mode == PushMode::kAsyncUpdate && !r.send) ||
         (reads && r.send))

@@ -893,6 +893,7 @@ def _start(
     scale: float,
     out_wait: str = "write",
     compression: Any = None,
+    quorum: bool = False,
 ) -> _CoreHandle:
     """Starts the core's sum-times-``scale`` of ``tensor`` over all workers into ``out``
     (the gradient path: fixed names, no per-op announcement).
@@ -901,7 +902,8 @@ def _start(
     pending engine read and write of it (safe for any array), ``"read"`` pending writes
     only (enough where every reader is ordered before the last writer, like gradients
     written by backward), ``"none"`` nothing (a new array). ``compression``: a core
-    compressor (docs/compression.md) or None.
+    compressor (docs/compression.md) or None. ``quorum``: a gradient's sum, a quorum round
+    under FASTPS_ROUND_QUORUM (docs/async.md).
     """
     src_m = _Meta(tensor, f"tensor '{name}'")
     out_m = src_m if out is tensor else _Meta(out, f"output of tensor '{name}'")
@@ -941,5 +943,6 @@ def _start(
         out=out,
         keep=(src, dst),
         compression=compression,
+        quorum=quorum,
     )
     return _CoreHandle(handle, out, finish)

@@ -396,7 +396,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         weakref.finalize(self, self._fastps_fusion.drop)
         # Quorum rounds: the waits' lags, the fetch targets of the last reduction, the
         # rounds applied (docs/async.md, "Catch-up").
-        quorum = _api.is_initialized() and _api.quorum_rounds()
+        quorum = _api.is_initialized() and _api.quorum_catch_up()
         self._fastps_lags: Optional[CU.RoundLag] = CU.RoundLag() if quorum else None
         self._fastps_fetch: List[Tuple[int, NDArray, str, int, float]] = []
         self._fastps_rounds = 0
@@ -542,6 +542,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                         f / _api.size(),
                         out_wait="read" if fresh else "write",
                         compression=core,
+                        quorum=True,
                     )
                 else:  # a subset of the ranks: through the collective layer
                     handle = allreduce_async_(
@@ -748,7 +749,7 @@ def _cross_barrier(
     elif process_set is not global_process_set:
         why = "a process set (its sums go through the collective layer)"
     elif quorum:
-        why = "FASTPS_ROUND_QUORUM (a slow worker catches up on whole rounds)"
+        why = "FASTPS_QUORUM_CATCH_UP (a slow worker catches up on whole rounds)"
     elif not EW.available():
         why = f"MXNet {mx.__version__} has no MXEnginePushSyncND"
     if why is not None:

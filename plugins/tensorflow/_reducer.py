@@ -101,6 +101,7 @@ class _Direct:
             out=self._out,
             keep=(arr,),
             compression=core,
+            quorum=True,  # a gradient: a quorum round under FASTPS_ROUND_QUORUM
         )
 
     def poll(self) -> bool:

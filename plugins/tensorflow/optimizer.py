@@ -540,7 +540,7 @@ def _distributed(
         who,
         "local gradient aggregation (backward_passes_per_step > 1)" if passes > 1 else None,
     )
-    if make_class is _distributed_class and _api.is_initialized() and _api.quorum_rounds():
+    if make_class is _distributed_class and _api.is_initialized() and _api.quorum_catch_up():
         # Keras 3 updates catch up on rounds that closed without this worker (_catch_up)
         reducer.lags = CU.RoundLag()
     grads = OptimizerGradients(reducer, scale_local_gradients, process_set, aggregation)
@@ -566,7 +566,7 @@ def _distributed(
             why = "FASTPS_SFB (a kernel's sum is rebuilt from factors)"
         if why is None and reducer.lags is not None:
             # a round is applied whole before the next is fetched (docs/async.md)
-            why = "FASTPS_ROUND_QUORUM (a slow worker catches up on whole rounds)"
+            why = "FASTPS_QUORUM_CATCH_UP (a slow worker catches up on whole rounds)"
         if why is None:
             cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
         else:

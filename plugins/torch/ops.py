@@ -243,7 +243,10 @@ def _allreduce_start(
     postscale_factor: float,
     compression: Any,
     priority: int,
+    quorum: bool = True,
 ) -> Handle:
+    """A gradient's allreduce, straight to the core (``quorum``: its round may close with
+    FASTPS_ROUND_QUORUM pushes, docs/async.md)."""
     if op in (Min, Max, Product, Adasum):  # gathered and reduced by the collective layer
         return _allreduce_op(
             tensor,
@@ -294,7 +297,7 @@ def _allreduce_start(
         scale = float(postscale_factor) * (1.0 / size if op == Average else 1.0)
     else:
         scale = 1.0  # integer scaling is done below, with defined rounding
-    part = submit(src, dst, dtype, name, priority, scale, spec)
+    part = submit(src, dst, dtype, name, priority, scale, spec, quorum)
 
     def finish() -> torch.Tensor:
         result = dst

@@ -512,6 +512,7 @@ class _GradientSync:
                     self.priority(e),
                     self.scale,
                     self.core_compression,
+                    quorum=True,
                 )
                 return None
         if self.direct:
@@ -620,7 +621,7 @@ class _GradientSync:
             finally:
                 for e in pending:
                     e.drop()  # after a failure: forget what was not waited for
-            if pending and _api.quorum_rounds():
+            if pending and _api.quorum_catch_up():
                 # Rounds closed for every gradient (the least lag): the catch-up fetches
                 # them all alike. Any gradient off the fast path: no catch-up (-1).
                 self.behind = _catch_up.least_lag(e.lag for e in pending)
@@ -1120,13 +1121,13 @@ def DistributedOptimizer(
                 "gradient",
                 stacklevel=2,
             )
-    if deferred and _api.is_initialized() and _api.quorum_rounds():
+    if deferred and _api.is_initialized() and _api.quorum_catch_up():
         # A slow worker catches up on whole rounds in step() (docs/async.md, "Catch-up"),
         # applying every parameter's sum of a round before fetching the next
         deferred = False
         if explicit(cross_barrier):
             warnings.warn(
-                "fastps: cross-barrier updates off: FASTPS_ROUND_QUORUM is on; step() waits "
+                "fastps: cross-barrier updates off: FASTPS_QUORUM_CATCH_UP is on; step() waits "
                 "for every gradient and catches up on rounds that closed without this worker",
                 stacklevel=2,
             )

@@ -93,10 +93,12 @@ def submit(
     priority: int,
     scale: float,
     compression: str = "",
+    quorum: bool = False,
 ) -> Waitable:
     """Starts summing ``src`` over the workers into ``dst`` (both contiguous, same device,
     shape and dtype; they may be the same tensor), compressed by the core with the spec
-    ``compression`` when given (docs/compression.md)."""
+    ``compression`` when given (docs/compression.md). ``quorum``: a gradient's sum, a
+    quorum round under FASTPS_ROUND_QUORUM (``fastps.api.push_pull_raw``)."""
     if src.device != dst.device:
         raise FastPSError(f"tensor '{name}': input on {src.device} but output on {dst.device}")
     kind = src.device.type
@@ -104,10 +106,19 @@ def submit(
         in_buf = raw(src, dtype)
         out_buf = in_buf if dst.data_ptr() == src.data_ptr() else raw(dst, dtype)
         return _CoreOp(
-            push_pull_raw(in_buf, out_buf, name, priority, scale, out=dst, compression=compression)
+            push_pull_raw(
+                in_buf,
+                out_buf,
+                name,
+                priority,
+                scale,
+                out=dst,
+                compression=compression,
+                quorum=quorum,
+            )
         )
     if kind == "cuda" and not compression:
-        return _cuda_stager().submit(src, dst, dtype, name, priority, scale)
+        return _cuda_stager().submit(src, dst, dtype, name, priority, scale, quorum)
     host = src.detach().to("cpu").contiguous()
     if host.data_ptr() == src.data_ptr():  # pragma: no cover - a device sharing host memory
         host = host.clone()
@@ -115,7 +126,9 @@ def submit(
     return _HostCopyOp(
         host,
         dst,
-        push_pull_raw(buf, buf, name, priority, scale, out=host, compression=compression),
+        push_pull_raw(
+            buf, buf, name, priority, scale, out=host, compression=compression, quorum=quorum
+        ),
     )
 
 
@@ -148,8 +161,10 @@ class _StagedOp(Waitable):
         scale: float,
         stream: Any,
         ready: Any,
+        quorum: bool = False,
     ) -> None:
         self.stager = stager
+        self.quorum = quorum
         self.block = block  # the pooled pinned buffer that ``host`` is a view of
         self.src = src
         self.dst = dst
@@ -237,6 +252,7 @@ class _CudaStager:
         name: str,
         priority: int,
         scale: float,
+        quorum: bool = False,
     ) -> _StagedOp:
         nbytes = src.numel() * src.element_size()
         block = self._acquire(nbytes)
@@ -252,7 +268,9 @@ class _CudaStager:
             ready.record(stream)
         # The caching allocator must not hand src's memory to others before the copy ran.
         src.record_stream(stream)
-        op = _StagedOp(self, block, src, dst, host, dtype, name, priority, scale, stream, ready)
+        op = _StagedOp(
+            self, block, src, dst, host, dtype, name, priority, scale, stream, ready, quorum
+        )
         self._queue.put(op)
         return op
 
@@ -264,7 +282,9 @@ class _CudaStager:
             try:
                 op.ready.synchronize()  # releases the GIL while it waits
                 buf = raw(op.host, op.dtype)
-                op.core = push_pull_raw(buf, buf, op.name, op.priority, op.scale, out=op.host)
+                op.core = push_pull_raw(
+                    buf, buf, op.name, op.priority, op.scale, out=op.host, quorum=op.quorum
+                )
             except BaseException as exc:  # noqa: BLE001 - handed to whoever synchronizes
                 op.error = exc
             finally:

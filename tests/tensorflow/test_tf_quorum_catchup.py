@@ -29,6 +29,7 @@ def test_keras_straggler_catches_up_and_paces_nobody(mode: str) -> None:
     env = {
         "FASTPS_SHM": "0",  # every worker pushes itself: the servers count workers
         "FASTPS_ROUND_QUORUM": str(K),
+        "FASTPS_QUORUM_CATCH_UP": "1",  # the loop counts applied rounds
         "FASTPS_QUORUM_HISTORY": str(HISTORY),
     }
     argv = [str(WORKERS / "tf_quorum_catchup.py"), str(ROUNDS), str(SLOW)]

@@ -10,6 +10,8 @@ import json
 import statistics
 from typing import Dict
 
+import pytest
+from quorum_examples import run_digits
 from torchjobs import WORKERS, fastpsrun
 
 N, K, SLOW = 4, 3, 3
@@ -28,6 +30,7 @@ def test_persistent_straggler_catches_up_and_paces_nobody(
         {
             "FASTPS_SHM": "0",  # every worker pushes itself: the servers count workers
             "FASTPS_ROUND_QUORUM": str(K),
+            "FASTPS_QUORUM_CATCH_UP": "1",  # the loop counts applied rounds
             "FASTPS_QUORUM_HISTORY": str(HISTORY),
         }
     )
@@ -68,3 +71,39 @@ def test_persistent_straggler_catches_up_and_paces_nobody(
         late = statistics.median(took[2 * HISTORY :])
         assert late < 0.7 * slow_step, f"worker {r} was paced by the straggler: {took} {slow_took}"
         assert sum(took) < 0.85 * ROUNDS * slow_step, f"worker {r}: {sum(took):.2f} s {took}"
+
+
+# --------------------------------------------------------------- the example, as users run it
+
+# (data path, workers, quorum, servers): the issue's commands first (every worker pushes
+# over TCP), then every other data path.
+EXAMPLE_CASES = [
+    ("tcp", 3, 2, 1),
+    ("tcp", 4, 3, 2),
+    ("shm", 3, 2, 1),
+    ("local", 3, 2, 1),
+    ("hosts", 3, 2, 1),
+]
+
+
+@pytest.fixture(scope="module")
+def plain_accuracy() -> float:
+    """The digits example's accuracy without quorum rounds (exact sums: the same on every
+    data path)."""
+    accuracy, _ = run_digits("torch/train_digits.py", [], "tcp", 3, None)
+    return accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path,n,k,servers", EXAMPLE_CASES)
+def test_digits_example_trains_under_quorum_rounds(
+    plain_accuracy: float, path: str, n: int, k: int, servers: int
+) -> None:
+    # A fixed number of steps per epoch and an allreduce of the loss after each: under
+    # quorum rounds every rank's i-th step must be round i, or the job hangs at the first
+    # epoch's end (a worker that caught up kept pushing rounds nobody else pushed).
+    accuracy, out = run_digits("torch/train_digits.py", [], path, n, k, servers=servers)
+    # Backup-worker rounds drop the late gradient, so a round averages k of n batches; the
+    # test counts are an exact sum (every worker's shard: 450 test images).
+    assert "/450)" in out, out[-2000:]
+    assert accuracy >= plain_accuracy - 0.02, (accuracy, plain_accuracy, out[-2000:])

@@ -99,10 +99,27 @@ def check_job(
     return problems
 
 
+def exact_sum_line(rank: int, n: int, slow: int, delay: float) -> str:
+    """A sum that is not a gradient's (no ``quorum=True``) waits for every worker, the late
+    one included, under FASTPS_ROUND_QUORUM: a metric or a count must never be summed over
+    a sample of the workers. Prints ``EXACT ok`` or what came back."""
+    if rank == slow:
+        time.sleep(delay)
+    out = fastps.push_pull(np.full(8, 2.0**rank), average=False, name="metric.count")
+    want = float(2**n - 1)
+    return "EXACT ok" if np.all(out == want) else f"EXACT wrong: {out.tolist()}, want {want}"
+
+
 def main() -> None:
     fastps.init()
     rank, n = fastps.rank(), fastps.size()
-    run_steps(lambda x, _: fastps.push_pull(x, average=False, name="grad"), rank, n, sys.argv[1:])
+    run_steps(
+        lambda x, _: fastps.push_pull(x, average=False, name="grad", quorum=True),
+        rank,
+        n,
+        sys.argv[1:],
+    )
+    print(exact_sum_line(rank, n, int(sys.argv[2]), float(sys.argv[4])), flush=True)
     fastps.barrier()
     print(f"rank {rank} OK quorum", flush=True)
     fastps.shutdown()

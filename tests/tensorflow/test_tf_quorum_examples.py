@@ -1,0 +1,24 @@
+"""The Keras digits example (a fixed number of epochs, as users write it) trains under
+quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) on every data path, to the accuracy it
+reaches without them (tests/quorum_examples.py runs it)."""
+
+from __future__ import annotations
+
+import pytest
+from quorum_examples import run_digits
+
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+PATHS = ["tcp", "shm", "local", "hosts"]
+
+
+@pytest.fixture(scope="module")
+def plain_accuracy() -> float:
+    accuracy, _ = run_digits("tensorflow/keras_digits.py", [], "tcp", 3, None, env=ENV)
+    return accuracy
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_keras_digits_example_trains_under_quorum_rounds(plain_accuracy: float, path: str) -> None:
+    accuracy, out = run_digits("tensorflow/keras_digits.py", [], path, 3, 2, env=ENV)
+    assert "/450)" in out, out[-2000:]  # the test counts are an exact sum
+    assert accuracy >= plain_accuracy - 0.02, (accuracy, plain_accuracy, out[-2000:])
