@@ -88,8 +88,8 @@ def worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
-    from fastps import api
-    from fastps import collectives as C
+    from fastps.collectives import ops as C
+    from fastps.worker import api
 
     fastps.init()
     C.start_session()

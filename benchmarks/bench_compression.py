@@ -85,7 +85,7 @@ FIELDS = [
 def child(args: argparse.Namespace) -> None:
     import fastps
     import numpy as np
-    from fastps.compression import Compression
+    from fastps.worker.compression import Compression
 
     sizes = _sizes(args.model, args.scale)
     comp = Compression.from_spec(args.spec)

@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> None:
     import fastps.torch as hvd
     import torch
     import torch.nn.functional as F
-    from fastps import api
+    from fastps.worker import api
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -51,7 +51,7 @@ def model_sizes(model: str, scale: float) -> List[Tuple[str, int]]:
 def child(args: argparse.Namespace) -> None:
     import fastps
     import numpy as np
-    from fastps import api
+    from fastps.worker import api
 
     sizes = model_sizes(args.model, args.scale)
     fastps.init()

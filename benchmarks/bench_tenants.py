@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from fastps.shared_server import JobSpec, admit  # noqa: E402
+from fastps.control.shared_server import JobSpec, admit  # noqa: E402
 from jobs import WORKERS, Job  # noqa: E402
 
 TENANT = os.path.join(WORKERS, "tenant_worker.py")

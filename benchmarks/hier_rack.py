@@ -230,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.child:
         child(args)
         return 0
-    from fastps import placement
+    from fastps.control import placement
 
     from benchmarks.rack import Rack
 

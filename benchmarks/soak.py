@@ -88,7 +88,7 @@ def shm_kib(job_id: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     sys.path.insert(0, ROOT)
-    from fastps.scheduler import Scheduler
+    from fastps.control.scheduler import Scheduler
 
     job_id = "soak" + secrets.token_hex(3)
     token = secrets.token_hex(16)

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fastps.shared_server import JobSpec, admit  # noqa: E402
+from fastps.control.shared_server import JobSpec, admit  # noqa: E402
 
 from benchmarks import rack_common as rc  # noqa: E402
 

@@ -38,7 +38,7 @@ SERVER_STAGES = ("receive", "wait for workers", "answer")
 
 def child(args: argparse.Namespace) -> None:
     """A worker: ``--iters`` iterations of three tensors (one cut into several parts)."""
-    import fastps.api as api
+    import fastps.worker.api as api
     import numpy as np
 
     api.init()

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
+from fastps import _moved
+from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
+
+_moved.install()  # the flat layout's module names keep working (_moved.py)
 
 __version__ = "0.1.0"
 
@@ -73,11 +76,11 @@ def __getattr__(name: str) -> Any:
     # The API module imports numpy and the C++ core lazily, so that the scheduler and
     # launcher (which need neither) start fast and work without a built extension.
     if name in _API:
-        from . import api
+        from fastps.worker import api
 
         return getattr(api, name)
     if name in _COMPRESSION:
-        from . import compression
+        from fastps.worker import compression
 
         return getattr(compression, name)
     raise AttributeError(f"module 'fastps' has no attribute {name!r}")

@@ -14,9 +14,9 @@ import sys
 def main() -> None:
     role = os.environ.get("FASTPS_ROLE", "").lower()
     if role == "scheduler":
-        from .scheduler import main as run
+        from fastps.control.scheduler import main as run
     elif role == "server":
-        from .server import main as run
+        from fastps.control.server import main as run
     else:
         print(
             f"python -m fastps: FASTPS_ROLE={role or '(unset)'}: expected 'scheduler' or "

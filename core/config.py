@@ -20,8 +20,8 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .errors import FastPSError
-from .netif import interface_address
+from fastps.control.netif import interface_address
+from fastps.errors import FastPSError
 
 __all__ = [
     "Config",

@@ -10,7 +10,7 @@ from typing import Dict
 
 import numpy as np
 import pytest
-from fastps import adasum
+from fastps.collectives import adasum
 from jobs import WORKERS
 
 

@@ -4,7 +4,7 @@ part of which coordinated, or that a joined rank skipped, is never reused."""
 
 from __future__ import annotations
 
-from fastps.anon_names import Numbering, number_of
+from fastps.collectives.anon_names import Numbering, number_of
 
 
 def test_names_parse() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from fastps import _core
-from fastps.api import worker_options
 from fastps.config import Config
+from fastps.control.server import server_options
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
-from fastps.server import server_options
+from fastps.worker.api import worker_options
 
 STUB = Path(__file__).resolve().parent.parent / "core" / "_core.pyi"
 

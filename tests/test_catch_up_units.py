@@ -9,8 +9,8 @@ from typing import Any, List
 
 import numpy as np
 import pytest
-from fastps import api, async_mode
-from fastps import catch_up as cu
+from fastps.worker import api, async_mode
+from fastps.worker import catch_up as cu
 
 
 def test_least_lag_is_the_least_and_unknown_means_none() -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fastps import _core
-from fastps.compression import Compression, spec_for
 from fastps.errors import FastPSError
+from fastps.worker.compression import Compression, spec_for
 
 HEADER = 24
 

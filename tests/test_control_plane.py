@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from fastps.config import Config, default_engine_threads, parse_addr, parse_size
-from fastps.control import (
+from fastps.control.protocol import (
     MAX_FRAME,
     ControlClient,
     FrameDecoder,
@@ -26,8 +26,8 @@ from fastps.control import (
     compute_mac,
     encode_frame,
 )
+from fastps.control.scheduler import Scheduler
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
-from fastps.scheduler import Scheduler
 
 JOB = "testjob"
 TOKEN = "s3cret"

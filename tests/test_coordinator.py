@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastps.coordinator import JOIN, Coordinator
+from fastps.control.coordinator import JOIN, Coordinator
 
 
 def test_gather_completes_when_every_member_announced() -> None:

@@ -20,7 +20,7 @@ from typing import Dict, List
 
 import pytest
 from fastps.errors import FastPSError
-from fastps.hosts import (
+from fastps.launch.hosts import (
     HostSlots,
     is_local_host,
     parse_host_list,
@@ -28,8 +28,8 @@ from fastps.hosts import (
     parse_server_hosts,
     place,
 )
-from fastps.remote import BOOTSTRAP, SrunTransport, SshTransport, forwarded_env
-from fastps.slurm import allocation_from_env, expand_nodelist, expand_tasks_per_node
+from fastps.launch.remote import BOOTSTRAP, SrunTransport, SshTransport, forwarded_env
+from fastps.launch.slurm import allocation_from_env, expand_nodelist, expand_tasks_per_node
 
 # ------------------------------------------------------------------ parsing and placement
 

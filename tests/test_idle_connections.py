@@ -12,8 +12,8 @@ import threading
 import time
 from typing import List
 
-from fastps.control import ControlClient
-from fastps.scheduler import MAX_UNAUTHENTICATED, Scheduler
+from fastps.control.protocol import ControlClient
+from fastps.control.scheduler import MAX_UNAUTHENTICATED, Scheduler
 from jobs import WORKERS, Job
 
 STARTUP_WORKER = os.path.join(WORKERS, "startup_worker.py")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List
 
-from fastps.control import ControlClient
+from fastps.control.protocol import ControlClient
 from jobs import WORKERS
 
 WORKER = os.path.join(WORKERS, "late_completion_worker.py")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-from fastps.launcher import Launcher
+from fastps.launch.cli import Launcher
 
 FASTPSRUN = [sys.executable, "-m", "fastps.launcher"]
 

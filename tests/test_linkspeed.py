@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fastps import linkspeed
 from fastps.config import Config
+from fastps.control import linkspeed
 from fastps.errors import FastPSError
 
 REPO = Path(__file__).resolve().parents[1]

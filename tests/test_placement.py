@@ -8,11 +8,10 @@ import re
 
 import numpy as np
 import pytest
-from fastps import _core, placement
-from fastps.api import worker_options
+from fastps import _core
 from fastps.config import Config
-from fastps.errors import FastPSError
-from fastps.placement import (
+from fastps.control import placement
+from fastps.control.placement import (
     ANSWER_HEADROOM,
     ServerSpot,
     optimal_time,
@@ -20,6 +19,8 @@ from fastps.placement import (
     parse_bandwidths,
     server_weights,
 )
+from fastps.errors import FastPSError
+from fastps.worker.api import worker_options
 from jobs import WORKERS, Job
 
 
@@ -65,7 +66,7 @@ def test_unlisted_hosts_take_the_stated_link_rate(
     (all equal) and a warning names them."""
     from types import SimpleNamespace
 
-    from fastps.placement import membership_weights
+    from fastps.control.placement import membership_weights
 
     workers, servers = layout(4, 2)
     m = SimpleNamespace(

@@ -101,7 +101,7 @@ def test_quorum_and_async_settings_are_parsed_and_refused_by_name() -> None:
 def test_servers_refuse_a_quorum_above_the_workers() -> None:
     from fastps import _core
     from fastps.config import Config
-    from fastps.server import server_options
+    from fastps.control.server import server_options
 
     cfg = Config.from_env(
         {"FASTPS_ROLE": "server", "FASTPS_NUM_WORKERS": "2", "FASTPS_ROUND_QUORUM": "3"}

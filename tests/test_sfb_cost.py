@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fastps import sfb
+from fastps.collectives import sfb
 
 
 def test_vgg16_fc_layers_choose_factors_at_batch_32() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Tuple
 
 import pytest
-from fastps.shared_server import JobSpec, admit, read_state
+from fastps.control.shared_server import JobSpec, admit, read_state
 from jobs import WORKERS, Job
 
 TENANT = os.path.join(WORKERS, "tenant_worker.py")

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fastps import _core, placement
+from fastps import _core
+from fastps.control import placement
 from fastps.errors import FastPSError
 from fastps.sim import Cluster, CommOptions, TrainOptions, communicate, layout, train, workload
 from fastps.sim.bound import byteps_bound, link_bound, ring_allreduce

@@ -12,16 +12,15 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from fastps.stall import (
+from fastps.control.stalls import (
     DeadlockWatch,
-    SubmissionCounts,
-    _ranks,
     control_wait,
     describe,
     describe_deadlock,
     find_deadlock,
     find_stalls,
 )
+from fastps.worker.stall import SubmissionCounts, _ranks
 from jobs import WORKERS
 
 WORKER = os.path.join(WORKERS, "stall_worker.py")

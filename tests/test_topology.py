@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 from fastps.errors import FastPSError
-from fastps.topology import HostTopology, choose_plan, from_env, parse_description, parse_nvidia_smi
+from fastps.worker.topology import (
+    HostTopology,
+    choose_plan,
+    from_env,
+    parse_description,
+    parse_nvidia_smi,
+)
 
 # Fig. 8: four PCIe switches with two GPUs each, NVLink between all GPUs, the NIC under the
 # first switch (next to GPU0 and GPU1).

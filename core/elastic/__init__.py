@@ -1,9 +1,12 @@
 """Elastic training: workers that leave and join a running job (docs/elastic.md).
 
-Framework-neutral parts: the state base classes (``state``), the run loop (``run``), the
-worker's rendezvous client (``rendezvous``) and fastpsrun's elastic driver (``driver``).
-Names are loaded on first use: ``fastps.api`` imports ``rendezvous`` while ``fastps.
-collectives`` (which ``state`` and ``run`` need) imports ``fastps.api``.
+The worker side, framework-neutral: the state base classes (``state``), the run loop
+(``run``), the worker's rendezvous client (``rendezvous``), host-change notifications
+(``notifications``), in-place replacement of a lost peer (``inplace``) and the plugins'
+binding (``binding``). fastpsrun's elastic driver and host discovery are launcher code
+(``fastps.launch.elastic_driver``, ``fastps.launch.discovery``); the workers' rerouting over
+elastic servers is ``fastps.worker.rerouting``. Names are loaded on first use, so importing
+this package starts nothing.
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "HorovodInternalError": "..collectives",
-    "HostsUpdatedInterrupt": "..collectives",
+    "HorovodInternalError": "..errors",
+    "HostsUpdatedInterrupt": "..errors",
     "HostUpdateResult": ".notifications",
     "ObjectState": ".state",
     "State": ".state",
     "run_fn": ".run",
-    "enabled": ".wire",
-    "WorkerLostError": ".errors",
+    "enabled": "..control.elastic_wire",
+    "WorkerLostError": "..errors",
 }
 
 __all__ = sorted(_NAMES)

@@ -15,9 +15,10 @@ import functools
 import importlib
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
-from ..collectives import HorovodInternalError
-from . import run as _run
-from . import state as _state
+from fastps.elastic import run as _run
+from fastps.elastic import state as _state
+from fastps.elastic.generation import generation_aborted
+from fastps.errors import HorovodInternalError
 
 
 class Framework:
@@ -74,7 +75,7 @@ class Framework:
     def failure(self, exc: BaseException) -> Optional[BaseException]:
         """The ``HorovodInternalError`` a framework error stands for when this generation
         was aborted (None: the error is the program's own, let it through)."""
-        if isinstance(exc, self._framework_errors) and _run.generation_aborted():
+        if isinstance(exc, self._framework_errors) and generation_aborted():
             return HorovodInternalError(f"{type(exc).__name__}: {exc}")
         return None
 

@@ -27,9 +27,10 @@ import logging
 import os
 from typing import Any, Callable, Optional
 
-from ..collectives import HorovodInternalError
-from ..errors import FastPSError
-from . import rendezvous, wire
+from fastps.control import elastic_wire as wire
+from fastps.elastic import rendezvous
+from fastps.elastic.generation import generation_failed
+from fastps.errors import FastPSError, HorovodInternalError
 
 log = logging.getLogger("fastps.elastic")
 
@@ -83,7 +84,7 @@ _warned = False
 
 
 def _session() -> Any:
-    from .. import api
+    from fastps.worker import api
 
     return api._state
 
@@ -182,11 +183,9 @@ def replace_in_place(exc: BaseException, redo: Callable[[], None]) -> bool:
     in-place (the caller re-raises, the run loop rolls back). True: this worker is in the
     next generation, the spare has the commit, and ``redo()`` pushed the step's gradients
     again. Raises ``Rejoined`` when fastpsrun refused (the others roll back)."""
-    from . import run as _run
-
     if not enabled() or _state is None or _reset is None:
         return False
-    if not _run.generation_failed(exc):
+    if not generation_failed(exc):
         return False
     reason = unsafe_reason()
     if reason is not None:
@@ -199,7 +198,7 @@ def replace_in_place(exc: BaseException, redo: Callable[[], None]) -> bool:
     try:
         reset()
     except FastPSError as again:
-        if not _run.generation_failed(again):
+        if not generation_failed(again):
             raise
         # Not in a working generation: the run loop rolls back and joins again.
         raise HorovodInternalError(f"generation failed while joining in place: {again}") from again

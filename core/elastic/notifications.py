@@ -17,8 +17,9 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ..errors import FastPSError
-from . import rendezvous, wire
+from fastps.control import elastic_wire as wire
+from fastps.elastic import rendezvous
+from fastps.errors import FastPSError
 
 log = logging.getLogger("fastps.elastic")
 

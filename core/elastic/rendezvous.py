@@ -13,9 +13,9 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import Config
-from ..errors import FastPSError
-from . import wire
+from fastps.config import Config
+from fastps.control import elastic_wire as wire
+from fastps.errors import FastPSError
 
 log = logging.getLogger("fastps.elastic")
 

@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-
-from ..collectives import HostsUpdatedInterrupt
-from . import inplace, rendezvous, wire
+from fastps.control import elastic_wire as wire
+from fastps.elastic import inplace, rendezvous
+from fastps.errors import HostsUpdatedInterrupt
 
 __all__ = ["State", "ObjectState", "Handler", "SnapshotHandler", "HandlerState"]
 
@@ -71,7 +71,7 @@ class State(ABC):
         if not wire.enabled():
             self._last_updated_timestamp = newest
             return
-        from .. import api
+        from fastps.worker import api
 
         flags = np.zeros(3, np.float64)
         if self._rank() == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from .. import placement
+from ..control import placement
 from .cluster import Layout
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .. import placement
+from ..control import placement
 from ..errors import FastPSError
 
 # TCP goodput on a shaped link, measured on the emulated rack (docs/benchmarks.md section 6).

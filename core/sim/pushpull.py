@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .. import _core, config, placement
+from .. import _core, config
+from ..control import placement
 from .cluster import HostGroup, Layout, group_pacing
 from .events import EventLoop
 from .network import Link, Network

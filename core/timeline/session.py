@@ -3,8 +3,8 @@ share; stopping is a collective after which rank 0 merges the shares (docs/timel
 
 from __future__ import annotations
 
-from .. import api as _api
 from ..errors import FastPSError
+from ..worker import api as _api
 from . import merge, recorder
 
 

@@ -28,8 +28,8 @@ from typing import Any, List, Optional
 
 import fastps
 from fastps import FastPSAbort, FastPSError, FastPSTimeoutError
-from fastps import collectives as _collectives
-from fastps.capabilities import (
+from fastps.collectives import ops as _collectives
+from fastps.collectives.capabilities import (
     ccl_built,
     ddl_built,
     gloo_built,
@@ -40,13 +40,11 @@ from fastps.capabilities import (
     nccl_built,
     rocm_built,
 )
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
-from fastps.timeline.session import start_timeline, stop_timeline
-
-from . import elastic
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from .kvstore import FastPS as KVStore
-from .ops import (
+from fastps.errors import HorovodInternalError, HostsUpdatedInterrupt
+from fastps.mxnet import elastic
+from fastps.mxnet.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from fastps.mxnet.kvstore import FastPS as KVStore
+from fastps.mxnet.ops import (
     Adasum,
     Average,
     Max,
@@ -90,7 +88,8 @@ from .ops import (
     remove_process_set,
     synchronize,
 )
-from .training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
+from fastps.mxnet.training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
+from fastps.timeline.session import start_timeline, stop_timeline
 
 __all__ = [
     "elastic",

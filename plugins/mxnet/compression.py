@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Tuple
 
 import mxnet as mx
 import numpy as np
-from fastps.compression import Compression as _Core
-from fastps.compression import CoreCompressor
+from fastps.worker.compression import Compression as _Core
+from fastps.worker.compression import CoreCompressor
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "is_core"]
 

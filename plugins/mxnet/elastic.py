@@ -15,11 +15,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
 from fastps.elastic import state as _state
-from fastps.elastic.errors import WorkerLostError
-from fastps.errors import FastPSError
+from fastps.errors import FastPSError, HorovodInternalError, HostsUpdatedInterrupt, WorkerLostError
 
 __all__ = [
     "run",
@@ -72,7 +70,7 @@ class _ParametersHandler(_state.Handler):
                 param.set_data(saved)
 
     def sync(self) -> None:
-        from .training import broadcast_parameters
+        from fastps.mxnet.training import broadcast_parameters
 
         broadcast_parameters(_param_dict(self.value), root_rank=0, prefix="elastic.parameters.")
 

@@ -31,12 +31,11 @@ import pickle
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
-from fastps import api as _api
-from fastps import collectives as _collectives
+from fastps.collectives import ops as _collectives
 from fastps.errors import FastPSError
-
-from .compression import Compression, Compressor
-from .ops import _CoreHandle, _start, broadcast_async_
+from fastps.mxnet.compression import Compression, Compressor
+from fastps.mxnet.ops import _CoreHandle, _start, broadcast_async_
+from fastps.worker import api as _api
 
 __all__ = ["FastPS", "dist_sync_fastps"]
 

@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
-from fastps import api as _api
-from fastps import catch_up as CU
-from fastps import collectives as C
-from fastps.buffers import SUPPORTED_DTYPES, RawBuffer
-from fastps.collectives import ProcessSet, ReduceOp, global_process_set
+from fastps.collectives import ops as C
+from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
-
-from .compression import Compression, is_core
+from fastps.mxnet.compression import Compression, is_core
+from fastps.worker import api as _api
+from fastps.worker import catch_up as CU
+from fastps.worker.buffers import SUPPORTED_DTYPES, RawBuffer
 
 __all__ = [
     "ReduceOp",
@@ -279,7 +278,7 @@ def _grouped(
     if not tensors:
         return MXHandle(name or f"grouped_{kind}", [], lambda: [])
     ps = _process_set(process_set)
-    names = C._group_names(ps, name, len(tensors))
+    names = C.group_names(ps, name, len(tensors))
     with _api.submission_batch():
         handles = [start_one(t, n, ps) for t, n in zip(tensors, names)]
     return MXHandle(name or f"grouped_{kind}", handles, lambda: [h.synchronize() for h in handles])

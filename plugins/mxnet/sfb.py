@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
-from fastps import api as _api
-from fastps import collectives as C
-from fastps import sfb as _cost
-from fastps.collectives import ProcessSet
+from fastps.collectives import ops as C
+from fastps.collectives import sfb as _cost
+from fastps.collectives.ops import ProcessSet
 from fastps.errors import FastPSError
-
-from .ops import MXHandle
+from fastps.mxnet.ops import MXHandle
+from fastps.worker import api as _api
 
 if TYPE_CHECKING:  # mxnet has no type information: its classes are Any here
     from typing_extensions import TypeAlias

@@ -11,20 +11,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 import mxnet as mx
 import numpy as np
-from fastps import api as _api
-from fastps import catch_up as CU
-from fastps import collectives as C
-from fastps.async_mode import DeltaExchange, async_requested, current_mode
-from fastps.collectives import ProcessSet, ReduceOp, global_process_set
-from fastps.compression import default_compressor
-from fastps.elastic.wire import enabled as _elastic_enabled
+from fastps.collectives import ops as C
+from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
+from fastps.collectives.sfb import mode as _sfb_mode
+from fastps.control.elastic_wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
-from fastps.fusion_plan import FusionPlan
-from fastps.sfb import mode as _sfb_mode
-
-from . import engine_wait as EW
-from .compression import Compression, is_core
-from .ops import (
+from fastps.mxnet import engine_wait as EW
+from fastps.mxnet.compression import Compression, is_core
+from fastps.mxnet.ops import (
     MXHandle,
     _CoreHandle,
     _fetch_target,
@@ -33,7 +27,12 @@ from .ops import (
     broadcast_async_,
     dtype_name,
 )
-from .sfb import SufficientFactors
+from fastps.mxnet.sfb import SufficientFactors
+from fastps.worker import api as _api
+from fastps.worker import catch_up as CU
+from fastps.worker.async_mode import DeltaExchange, async_requested, current_mode
+from fastps.worker.compression import default_compressor
+from fastps.worker.fusion_plan import FusionPlan
 
 __all__ = ["broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
 
@@ -369,7 +368,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         )
         # Compression.none takes FASTPS_COMPRESSION's choice (docs/compression.md).
         if compression in (None, Compression.none) and _api.is_initialized():
-            compression = default_compressor(_api._st().cfg) or Compression.none
+            compression = default_compressor(_api.config()) or Compression.none
         if is_core(compression) and rop == ReduceOp.ADASUM:
             raise FastPSError(
                 f"DistributedTrainer: the core's compressors ({compression!r}) apply to "

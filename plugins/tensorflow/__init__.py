@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import fastps as _fastps
-from fastps import api as _api
-from fastps import collectives as _collectives
-from fastps.capabilities import (
+from fastps.collectives import ops as _collectives
+from fastps.collectives.capabilities import (
     ccl_built,
     ddl_built,
     gloo_built,
@@ -30,15 +29,18 @@ from fastps.capabilities import (
     nccl_built,
     rocm_built,
 )
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
-from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
-from fastps.timeline.session import start_timeline, stop_timeline
-
-from . import elastic  # Horovod's hvd.elastic
-from ._engine import MismatchError, UsageError
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
-from .ops import (
+from fastps.errors import (
+    FastPSAbort,
+    FastPSError,
+    FastPSTimeoutError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+)
+from fastps.tensorflow import elastic  # Horovod's hvd.elastic
+from fastps.tensorflow._engine import MismatchError, UsageError
+from fastps.tensorflow.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from fastps.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from fastps.tensorflow.ops import (
     Adasum,
     Average,
     Handle,
@@ -81,8 +83,10 @@ from .ops import (
     size_op,
     synchronize,
 )
-from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from .sync_batch_norm import SyncBatchNormalization
+from fastps.tensorflow.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from fastps.tensorflow.sync_batch_norm import SyncBatchNormalization
+from fastps.timeline.session import start_timeline, stop_timeline
+from fastps.worker import api as _api
 
 __all__ = [
     "elastic",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from fastps import collectives as C
+from fastps.collectives import ops as C
 from fastps.errors import FastPSError
 
 # TensorFlow dtypes the layer handles, by the layer's name for them.
@@ -203,7 +203,7 @@ def world_may_change() -> bool:
     """True in an elastic worker: a graph traced in one generation may run in the next,
     with another world (its size, its newcomers), so a graph must not bake in what the
     world was when it was traced (its size, the checks already passed)."""
-    from fastps.elastic import wire
+    from fastps.control import elastic_wire as wire
 
     return wire.enabled()
 
@@ -266,9 +266,9 @@ _checked_lock = threading.Lock()
 def _checks_of_this_session() -> Dict[Any, None]:
     """The cache of checks passed in the current core session (caller holds the lock)."""
     global _checked_in
-    from fastps import api
+    from fastps.worker import api
 
-    session = api._state
+    session = api.session_or_none()
     if session is not _checked_in:
         _checked.clear()
         _checked_in = session

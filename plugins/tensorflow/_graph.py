@@ -45,11 +45,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-from fastps import api
-from fastps import collectives as C
+from fastps.collectives import ops as C
 from fastps.errors import FastPSError, FastPSTimeoutError
-
-from . import _engine as E
+from fastps.tensorflow import _engine as E
+from fastps.worker import api
 
 # How long the waiter sleeps between polls while works are pending (doubling from the
 # first to the second while nothing completes).
@@ -117,7 +116,7 @@ class _Waiter:
         self._thread: Optional[threading.Thread] = None
 
     def watch(self, entry: Started) -> None:
-        limit = float(api._st().cfg.op_timeout)
+        limit = float(api.config().op_timeout)
         with self._cond:
             self._watched.append((entry, time.monotonic() + limit, limit))
             if self._thread is None or not self._thread.is_alive():
@@ -364,7 +363,7 @@ class ThreadWork:
         return self._done.is_set()
 
     def synchronize(self, timeout: Optional[float] = None) -> List[np.ndarray]:
-        limit = timeout or float(api._st().cfg.op_timeout)
+        limit = timeout or float(api.config().op_timeout)
         if not self._done.wait(limit):
             raise FastPSTimeoutError(f"'{self._label}' did not complete within {limit:g} s")
         if self._error is not None:

@@ -57,17 +57,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 import tensorflow as tf
-from fastps import api as _api
-from fastps import catch_up as CU
-from fastps import collectives as C
-from fastps.buffers import raw_buffer
-from fastps.fusion_plan import FusionPlan, Row
-
-from . import _engine as E
-from . import _graph as G
-from . import ops as O
-from .compression import Compression, Compressor
-from .sfb import SFB_PREFIX, SufficientFactors
+from fastps.collectives import ops as C
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import _graph as G
+from fastps.tensorflow import ops as O
+from fastps.tensorflow.compression import Compression, Compressor
+from fastps.tensorflow.sfb import SFB_PREFIX, SufficientFactors
+from fastps.worker import api as _api
+from fastps.worker import catch_up as CU
+from fastps.worker.buffers import raw_buffer
+from fastps.worker.fusion_plan import FusionPlan, Row
 
 
 class _Direct:
@@ -173,7 +172,7 @@ class GradientFusion:
         self.rows = list(rows)
 
     def ensure(self) -> None:
-        st = _api._st()
+        st = _api.session()
         with self._lock:
             current = self._plans.get(self.name)
             if current is None or current[0] is not st:  # a new session has no plans
@@ -183,7 +182,7 @@ class GradientFusion:
     @classmethod
     def buckets(cls) -> int:
         """Buckets of the plans set in this session (for tests and logs)."""
-        st = _api._st()
+        st = _api.session()
         with cls._lock:
             return sum(plan.buckets for s, plan in cls._plans.values() if s is st)
 

@@ -18,10 +18,9 @@ from typing import Any, Dict, List
 
 import numpy as np
 import tensorflow as tf
-from fastps.async_mode import DeltaExchange
 from fastps.errors import FastPSError
-
-from . import _engine as E
+from fastps.tensorflow import _engine as E
+from fastps.worker.async_mode import DeltaExchange
 
 __all__ = ["make_async_optimizer"]
 

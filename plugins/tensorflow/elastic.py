@@ -17,10 +17,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import fastps
 import numpy as np
 import tensorflow as tf
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
 from fastps.elastic import state as _state
-from fastps.elastic.errors import WorkerLostError
+from fastps.errors import HorovodInternalError, HostsUpdatedInterrupt, WorkerLostError
 
 __all__ = [
     "run",
@@ -69,7 +68,7 @@ class _VariablesHandler(_state.Handler):
             var.assign(saved)
 
     def sync(self) -> None:
-        from .ops import broadcast_variables
+        from fastps.tensorflow.ops import broadcast_variables
 
         variables = self._variables(self.value)
         if variables:

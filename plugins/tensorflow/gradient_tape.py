@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import tensorflow as tf
-
-from . import _engine as E
-from . import ops as O
-from . import sfb as SFB
-from ._reducer import GradientReducer
-from .compression import Compression, Compressor
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import ops as O
+from fastps.tensorflow import sfb as SFB
+from fastps.tensorflow._reducer import GradientReducer
+from fastps.tensorflow.compression import Compression, Compressor
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -185,7 +184,7 @@ def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name for a factory
     """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers``
     (Keras layers, e.g. a model-parallel part) local: they are not reduced and, with
     ``scale_local_gradients``, are divided by the set size like the averaged ones."""
-    from .optimizer import _layers  # Keras 3 or Keras 2 (tf_keras) layers, checked
+    from fastps.tensorflow.optimizer import _layers  # Keras 3 or Keras 2 (tf_keras) layers, checked
 
     layers: List[Any] = _layers(local_layers)
     tape = DistributedGradientTape(

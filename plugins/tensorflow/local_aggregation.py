@@ -24,8 +24,7 @@ import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
-
-from . import _engine as E
+from fastps.tensorflow import _engine as E
 
 __all__ = ["LocalAggregation", "check_passes"]
 

@@ -18,13 +18,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 import tensorflow as tf
-from fastps import collectives as C
-from fastps.collectives import ProcessSet, ReduceOp, global_process_set
+from fastps.collectives import ops as C
+from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
-
-from . import _engine as E
-from . import _graph as G
-from .compression import Compression, Compressor
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import _graph as G
+from fastps.tensorflow.compression import Compression, Compressor
 
 __all__ = [
     "ReduceOp",
@@ -680,7 +679,7 @@ def _broadcast_into(
 
     def start(*arrs: np.ndarray) -> E.Work:
         names: List[Optional[str]] = (
-            [None] * len(arrs) if name is None else list(C._group_names(ps, name, len(arrs)))
+            [None] * len(arrs) if name is None else list(C.group_names(ps, name, len(arrs)))
         )
         host = [E.to_numpy(a, dt) for a, dt in zip(arrs, dtypes)]
         cops = [
@@ -1006,7 +1005,7 @@ def local_rank_op(name: Optional[str] = None) -> Any:
 
 
 def _set_by_id(process_set_id: int) -> ProcessSet:
-    ps = C._sess().sets.get(int(process_set_id))
+    ps = C.process_set_by_id(process_set_id)
     if ps is None:
         raise E.UsageError(f"no process set with id {process_set_id} is registered")
     return ps

@@ -9,18 +9,17 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Type
 
 import numpy as np
 import tensorflow as tf
-from fastps import api as _api
-from fastps import catch_up as CU
-from fastps.async_mode import async_requested, current_mode
-
-from . import _engine as E
-from . import cross_barrier as CB
-from . import ops as O
-from . import sfb as SFB
-from ._reducer import GradientReducer, RoundFetch
-from .async_optimizer import make_async_optimizer
-from .compression import Compression, Compressor
-from .local_aggregation import LocalAggregation, check_passes
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import cross_barrier as CB
+from fastps.tensorflow import ops as O
+from fastps.tensorflow import sfb as SFB
+from fastps.tensorflow._reducer import GradientReducer, RoundFetch
+from fastps.tensorflow.async_optimizer import make_async_optimizer
+from fastps.tensorflow.compression import Compression, Compressor
+from fastps.tensorflow.local_aggregation import LocalAggregation, check_passes
+from fastps.worker import api as _api
+from fastps.worker import catch_up as CU
+from fastps.worker.async_mode import async_requested, current_mode
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer"]
 

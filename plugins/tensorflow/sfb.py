@@ -32,13 +32,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-from fastps import api as _api
-from fastps import collectives as C
-from fastps import sfb as _cost
+from fastps.collectives import ops as C
+from fastps.collectives import sfb as _cost
 from fastps.errors import FastPSError
-
-from . import _engine as E
-from . import ops as O
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import ops as O
+from fastps.worker import api as _api
 
 __all__ = ["SufficientFactors", "SFB_PREFIX"]
 
@@ -408,7 +407,7 @@ def attach(reducer: Any, model: Any, who: str, why_not: Optional[str] = None) ->
         )
         return
     if why_not is None:
-        from .compression import Compression
+        from fastps.tensorflow.compression import Compression
 
         if reducer.core is not None or reducer.compression is not Compression.none:
             why_not = "gradient compression is on"

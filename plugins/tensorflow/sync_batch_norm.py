@@ -17,9 +17,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
-
-from . import _engine as E
-from . import ops as O
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import ops as O
 
 __all__ = ["SyncBatchNormalization"]
 

@@ -21,11 +21,7 @@ through pinned buffers on a side stream), so any torch version >= 2.1 works.
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
-import fastps
-from fastps import collectives as _collectives
-from fastps.capabilities import (
+from fastps.collectives.capabilities import (
     ccl_built,
     ddl_built,
     gloo_built,
@@ -36,19 +32,35 @@ from fastps.capabilities import (
     nccl_built,
     rocm_built,
 )
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
-from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
+from fastps.errors import (
+    FastPSAbort,
+    FastPSError,
+    FastPSTimeoutError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+)
 from fastps.timeline.session import start_timeline, stop_timeline
-
-from . import elastic
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from .functions import (
+from fastps.torch import elastic
+from fastps.torch.basics import (
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    num_servers,
+    rank,
+    shutdown,
+    size,
+)
+from fastps.torch.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from fastps.torch.functions import (
     allgather_object,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .ops import (
+from fastps.torch.ops import (
     SUPPORTED_DTYPES,
     Adasum,
     Average,
@@ -94,8 +106,8 @@ from .ops import (
     sparse_allreduce_async,
     synchronize,
 )
-from .optimizer import DistributedOptimizer
-from .sync_batch_norm import SyncBatchNorm
+from fastps.torch.optimizer import DistributedOptimizer
+from fastps.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "init",
@@ -181,74 +193,6 @@ __all__ = [
     "cuda_built",
     "rocm_built",
 ]
-
-
-_active = False  # between init() and shutdown() (the connections outlive a shutdown)
-
-
-def init(comm: Any = None, process_sets: Any = None, mode: Optional[str] = None) -> None:
-    """Joins the job started by ``fastpsrun`` (or runs alone without one).
-
-    ``process_sets``: ProcessSets (or rank lists) to register now, the same on every rank.
-    After :func:`shutdown`, ``init`` starts a new session on the same connections.
-    ``mode``: "sync" or "async" (docs/async.md), overriding FASTPS_MODE.
-    """
-    global _active
-    if comm is not None:
-        raise FastPSError("fastps does not use MPI communicators; launch with fastpsrun")
-    fastps.init(mode=mode)
-    if process_sets == "dynamic":
-        process_sets = None  # every set may be added later anyway
-    _collectives.start_session(process_sets)
-    _active = True
-
-
-def shutdown() -> None:
-    """Ends this session: waits (bounded) for ops in flight and forgets process sets and
-    op names. The job's connections stay until the process exits, so :func:`init` may be
-    called again (Horovod's init -> shutdown -> init)."""
-    global _active
-    _active = False
-    _collectives.end_session()
-
-
-def is_initialized() -> bool:
-    return _active and bool(fastps.is_initialized())
-
-
-def _check_init() -> None:
-    if not is_initialized():
-        raise ValueError("fastps has not been initialized; use hvd.init()")
-
-
-def rank() -> int:
-    _check_init()
-    return int(fastps.rank())
-
-
-def size() -> int:
-    _check_init()
-    return int(fastps.size())
-
-
-def local_rank() -> int:
-    return int(fastps.local_rank())
-
-
-def local_size() -> int:
-    return int(fastps.local_size())
-
-
-def cross_rank() -> int:
-    return int(fastps.cross_rank())
-
-
-def cross_size() -> int:
-    return int(fastps.cross_size())
-
-
-def num_servers() -> int:
-    return int(fastps.num_servers())
 
 
 # Horovod's build/feature queries: fastps.capabilities, except cuda_built (per framework).

@@ -31,11 +31,10 @@ import weakref
 from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Type
 
 import torch
-from fastps import collectives as _collectives
+from fastps.collectives import ops as _collectives
 from fastps.errors import FastPSError
-
-from .functions import check_same_tensors
-from .ops import Adasum, Handle, _allreduce_op, global_process_set
+from fastps.torch.functions import check_same_tensors
+from fastps.torch.ops import Adasum, Handle, _allreduce_op, global_process_set
 
 GRAD_PREFIX = "grad."
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
 
 import torch
-from fastps import async_mode as _async
-from fastps.async_mode import async_requested
 from fastps.errors import FastPSError
+from fastps.worker import async_mode as _async
+from fastps.worker.async_mode import async_requested
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 

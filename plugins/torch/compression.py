@@ -14,8 +14,8 @@ from abc import ABC, abstractmethod
 from typing import Any, Tuple
 
 import torch
-from fastps.compression import Compression as _Core
-from fastps.compression import CoreCompressor
+from fastps.worker.compression import Compression as _Core
+from fastps.worker.compression import CoreCompressor
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "is_core"]
 

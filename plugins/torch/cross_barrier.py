@@ -51,11 +51,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 from fastps.errors import FastPSError
-
-from . import timeline_events as _tl
+from fastps.torch import timeline_events as _tl
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .optimizer import _Entry, _GradientSync
+    from fastps.torch.optimizer import _Entry, _GradientSync
 
 __all__ = ["ENV", "CrossBarrier", "choose", "coupling", "enabled"]
 

@@ -15,12 +15,12 @@ import math
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
-from fastps.collectives import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.elastic import binding as _binding
 from fastps.elastic import inplace as _inplace
 from fastps.elastic import rendezvous as _rendezvous
 from fastps.elastic import state as _state
-from fastps.elastic.errors import WorkerLostError
+from fastps.errors import HorovodInternalError, HostsUpdatedInterrupt, WorkerLostError
+from fastps.torch.basics import is_initialized, rank, size
 
 __all__ = [
     "run",
@@ -49,7 +49,7 @@ _rendezvous.on_standby(_warm_up)
 def _restart_call_numbers() -> None:
     # The module's collective calls are numbered per process; a joining process starts at
     # 0, so every rank starts again with the new generation.
-    from . import functions
+    from fastps.torch import functions
 
     functions._calls = itertools.count()
 
@@ -75,7 +75,7 @@ class _StateDictHandler(_state.SnapshotHandler):
 
 class _ModelHandler(_StateDictHandler):
     def sync(self) -> None:
-        from .functions import broadcast_parameters
+        from fastps.torch.functions import broadcast_parameters
 
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
@@ -86,7 +86,7 @@ class _OptimizerHandler(_StateDictHandler):
         super().restore()
 
     def sync(self) -> None:
-        from .functions import broadcast_optimizer_state
+        from fastps.torch.functions import broadcast_optimizer_state
 
         sync = getattr(self.value, "_fastps", None)
         if sync is not None and sync.active:
@@ -112,7 +112,7 @@ class _SamplerHandler(_StateDictHandler):
     def _exchange(self, state: Dict[str, Any]) -> Dict[str, Any]:
         """Rank 0's ``state`` with the union of every rank's processed indices (what the
         world processed)."""
-        from .functions import allgather_object
+        from fastps.torch.functions import allgather_object
 
         done: set = set()
         for part in allgather_object(set(self.value.processed_indices)):
@@ -231,8 +231,6 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self) -> None:
         """Re-shards the remaining samples over the current world."""
-        from . import is_initialized, rank, size
-
         self.basis = set(self.processed_indices)
         self.consumed = self.skip = 0
         if is_initialized():

@@ -13,10 +13,9 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Unio
 
 import fastps
 import torch
-from fastps import collectives as C
+from fastps.collectives import ops as C
 from fastps.errors import FastPSError
-
-from .ops import broadcast_async_, core_dtype
+from fastps.torch.ops import broadcast_async_, core_dtype
 
 __all__ = [
     "broadcast_object",

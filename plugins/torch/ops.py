@@ -21,14 +21,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import fastps
 import numpy as np
 import torch
-from fastps import collectives as C
-from fastps.api import auto_name
-from fastps.collectives import ProcessSet, ReduceOp, global_process_set
-from fastps.compression import spec_for as compression_spec_for
+from fastps.collectives import ops as C
+from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
 from fastps.errors import FastPSError
-
-from .compression import Compression, is_core
-from .staging import Waitable, submit
+from fastps.torch.compression import Compression, is_core
+from fastps.torch.staging import Waitable, submit
+from fastps.worker.api import auto_name
+from fastps.worker.compression import spec_for as compression_spec_for
 
 __all__ = [
     "ReduceOp",
@@ -528,7 +527,7 @@ def _grouped_allreduce(
 ) -> Handle:
     rop = C.resolve_op(op, average)
     ps = _process_set(process_set)
-    names = C._group_names(ps, name, len(tensors))
+    names = C.group_names(ps, name, len(tensors))
     with fastps.submission_batch():  # every worker queues the whole group in one step
         handles = [
             _allreduce_op(t, inplace, n, rop, prescale_factor, postscale_factor, ps, compression, 0)
@@ -687,7 +686,7 @@ def _sparse_allreduce(
     ps = _process_set(process_set)
     base = tensor.detach().coalesce()
     label = name or "sparse_allreduce"
-    names = C._group_names(ps, name, 2)
+    names = C.group_names(ps, name, 2)
     indices = _allgather_op(base.indices().t().contiguous(), names[0], ps, priority=priority)
     values = _allgather_op(base.values().contiguous(), names[1], ps, priority=priority)
 
@@ -776,7 +775,7 @@ def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: Any = None
 ) -> Handle:
     ps = _process_set(process_set)
-    names = C._group_names(ps, name, len(tensors))
+    names = C.group_names(ps, name, len(tensors))
     handles = [_allgather_op(t, n, ps) for t, n in zip(tensors, names)]
     return _group(name or "grouped_allgather", handles)
 
@@ -786,7 +785,7 @@ def grouped_allgather(
 ) -> List[torch.Tensor]:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         ps = _process_set(process_set)
-        names = C._group_names(ps, name, len(tensors))
+        names = C.group_names(ps, name, len(tensors))
         return [_AllgatherFunction.apply(t, n, process_set) for t, n in zip(tensors, names)]
     return grouped_allgather_async(tensors, name, process_set).synchronize()
 
@@ -1027,7 +1026,7 @@ def grouped_reducescatter_async(
 ) -> Handle:
     rop = C.resolve_op(op, None)
     ps = _process_set(process_set)
-    names = C._group_names(ps, name, len(tensors))
+    names = C.group_names(ps, name, len(tensors))
     handles = [
         _reducescatter_op(t, n, rop, prescale_factor, postscale_factor, ps)
         for t, n in zip(tensors, names)
@@ -1047,7 +1046,7 @@ def grouped_reducescatter(
     rop = C.resolve_op(op, None)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         ps = _process_set(process_set)
-        names = C._group_names(ps, name, len(tensors))
+        names = C.group_names(ps, name, len(tensors))
         return [
             _ReducescatterFunction.apply(t, n, rop, prescale_factor, postscale_factor, process_set)
             for t, n in zip(tensors, names)

@@ -40,24 +40,19 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 import torch
-from fastps import api as _api
-from fastps import catch_up as _catch_up
-from fastps import collectives as _collectives
-from fastps.compression import default_compressor
+from fastps.collectives import ops as _collectives
+from fastps.collectives.sfb import mode as _sfb_mode
+from fastps.control.elastic_wire import enabled as _elastic_enabled
 from fastps.elastic import inplace as _inplace
-from fastps.elastic.wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
-from fastps.fusion_plan import FusionPlan
-from fastps.sfb import mode as _sfb_mode
-
-from . import timeline_events as _tl
-from .adasum_optimizer import _AdasumMixin, adasum_optimizer
-from .async_optimizer import async_requested, make_async_optimizer
-from .compression import Compression, is_core
-from .cross_barrier import CrossBarrier, choose, enabled, explicit, quiet
-from .functions import check_same_tensors
-from .heap import freeze_once
-from .ops import (
+from fastps.torch import timeline_events as _tl
+from fastps.torch.adasum_optimizer import _AdasumMixin, adasum_optimizer
+from fastps.torch.async_optimizer import async_requested, make_async_optimizer
+from fastps.torch.compression import Compression, is_core
+from fastps.torch.cross_barrier import CrossBarrier, choose, enabled, explicit, quiet
+from fastps.torch.functions import check_same_tensors
+from fastps.torch.heap import freeze_once
+from fastps.torch.ops import (
     Adasum,
     Average,
     Handle,
@@ -70,8 +65,12 @@ from .ops import (
     core_dtype,
     global_process_set,
 )
-from .priority import ForwardOrder
-from .sfb import SufficientFactors
+from fastps.torch.priority import ForwardOrder
+from fastps.torch.sfb import SufficientFactors
+from fastps.worker import api as _api
+from fastps.worker import catch_up as _catch_up
+from fastps.worker.compression import default_compressor
+from fastps.worker.fusion_plan import FusionPlan
 
 __all__ = ["DistributedOptimizer"]
 
@@ -184,7 +183,7 @@ class _Entry:
 
     def __del__(self) -> None:
         # The core may still write into ``sent``: wait before the memory can go.
-        if self.hid >= 0 and self.session is _api._state:
+        if self.hid >= 0 and self.session is _api.session_or_none():
             try:
                 self.wait()
             except Exception:  # noqa: BLE001 - nobody can receive it any more
@@ -448,7 +447,7 @@ class _GradientSync:
             _inplace.block("cross-barrier updates (an update may still be deferred)")
         elif e.index not in self.kept:  # a push that failed may have scaled it already
             self.kept[e.index] = None if g is None else g.detach().clone()
-        st = _api._state
+        st = _api.session_or_none()
         before = st.submitted if st is not None else 0
         try:
             self._push(e)
@@ -502,7 +501,7 @@ class _GradientSync:
                 if self.prescale != 1.0:
                     grad.mul_(self.prescale)
                 e.sent = grad
-                e.session = _api._state
+                e.session = _api.session_or_none()
                 e.hid = _api.push_pull_inplace_id(
                     grad.data_ptr(),
                     grad.numel() * grad.element_size(),
@@ -969,7 +968,7 @@ def _default_compression(compression: Any) -> Any:
     """``compression``, or FASTPS_COMPRESSION's choice where it is none."""
     if compression not in (None, Compression.none):
         return compression
-    chosen = default_compressor(_api._st().cfg) if _api.is_initialized() else None
+    chosen = default_compressor(_api.config()) if _api.is_initialized() else None
     return chosen or Compression.none
 
 

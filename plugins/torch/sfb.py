@@ -30,12 +30,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from fastps import api as _api
-from fastps import collectives as _collectives
-from fastps import sfb as _cost
+from fastps.collectives import ops as _collectives
+from fastps.collectives import sfb as _cost
 from fastps.errors import FastPSError
-
-from .ops import Handle, _allgather_op
+from fastps.torch.ops import Handle, _allgather_op
+from fastps.worker import api as _api
 
 __all__ = ["SufficientFactors"]
 

@@ -26,10 +26,10 @@ from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from fastps.api import Handle as CoreHandle
-from fastps.api import push_pull_raw
-from fastps.buffers import RawBuffer
 from fastps.errors import FastPSError
+from fastps.worker.api import Handle as CoreHandle
+from fastps.worker.api import push_pull_raw
+from fastps.worker.buffers import RawBuffer
 
 __all__ = ["Waitable", "submit", "raw"]
 

@@ -12,9 +12,8 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+from fastps.torch.ops import Sum, allreduce
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from .ops import Sum, allreduce
 
 __all__ = ["SyncBatchNorm"]
 

@@ -21,7 +21,7 @@ class LayerAdapter:
 
     def __init__(self) -> None:
         import fastps
-        from fastps import collectives as C
+        from fastps.collectives import ops as C
 
         self.C = C
         fastps.init()

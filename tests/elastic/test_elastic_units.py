@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from fastps.elastic import discovery
 from fastps.elastic.state import ObjectState
 from fastps.errors import FastPSError
+from fastps.launch import discovery
 
 
 def test_discovery_parses_slots_and_names_bad_lines():
@@ -58,7 +58,7 @@ def test_elastic_sampler_skips_processed_indices():
 
 
 def test_blacklist_cooldown_doubles_within_the_range():
-    from fastps.elastic.driver import _Blacklist
+    from fastps.launch.elastic_driver import _Blacklist
 
     forever = _Blacklist(None)
     assert forever.add("h", 0.0) == float("inf")
@@ -75,7 +75,11 @@ def test_blacklist_cooldown_doubles_within_the_range():
 
 
 def test_discovery_interval_from_the_environment():
-    from fastps.elastic.driver import DISCOVERY_INTERVAL, MIN_DISCOVERY_INTERVAL, discovery_interval
+    from fastps.launch.elastic_driver import (
+        DISCOVERY_INTERVAL,
+        MIN_DISCOVERY_INTERVAL,
+        discovery_interval,
+    )
 
     assert discovery_interval({}) == DISCOVERY_INTERVAL
     assert discovery_interval({"FASTPS_ELASTIC_DISCOVERY_INTERVAL": "0.3"}) == 0.3
@@ -103,8 +107,9 @@ def test_watchers_hear_of_host_updates(monkeypatch):
     then one removed, reach the registered state's queue as Horovod's flags."""
     import time
 
-    from fastps.elastic import notifications, wire
-    from fastps.elastic.driver import ElasticLauncher
+    from fastps.control import elastic_wire as wire
+    from fastps.elastic import notifications
+    from fastps.launch.elastic_driver import ElasticLauncher
 
     driver = ElasticLauncher(["true"], discovery_script="echo localhost:1", min_np=1, max_np=2)
     driver._open_service()
@@ -132,7 +137,7 @@ def test_watchers_hear_of_host_updates(monkeypatch):
 def _launcher(members, failed, spares, max_np=3):
     """An ElasticLauncher (no process started) whose generation was ``members``, with the
     slots in ``failed`` dead and ``spares`` waiting."""
-    from fastps.elastic.driver import ElasticLauncher, _Slot
+    from fastps.launch.elastic_driver import ElasticLauncher, _Slot
 
     launcher = ElasticLauncher(
         ["true"], discovery_script="echo localhost:9", min_np=1, max_np=max_np
@@ -228,8 +233,8 @@ def test_in_place_is_granted_only_when_every_rank_stays():
 
 
 def test_in_place_window_closes_at_an_update_and_counts_other_collectives(monkeypatch):
-    from fastps import api
     from fastps.elastic import inplace
+    from fastps.worker import api
 
     class Session:
         submitted = 0

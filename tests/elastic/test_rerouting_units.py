@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
-from fastps.elastic.rerouting_worker import ReroutingWorker
-from fastps.elastic.server_pool import redo_plan
+from fastps.control.server_pool import redo_plan
 from fastps.errors import FastPSAbort, FastPSError
+from fastps.worker.rerouting import ReroutingWorker
 
 WAIT = 20.0
 

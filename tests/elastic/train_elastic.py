@@ -203,7 +203,7 @@ def main() -> None:
             if r == 0 and state.step == add_at and not added:
                 added.append(_add_server(add_id, state.step))
             if add and state.step == add_at + 1 and not waited:
-                import fastps.api as api
+                import fastps.worker.api as api
 
                 waited.append(state.step)
 

@@ -92,7 +92,7 @@ def torch_reference(steps: int, size: int) -> List[np.ndarray]:
 
 
 def main() -> None:
-    import fastps.api as api
+    import fastps.worker.api as api
 
     mode = os.environ.get("MODE", "numpy")
     steps = int(os.environ.get("STEPS", "50"))

@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from fastps.control import ControlClient, FrameDecoder, compute_mac, encode_frame
-from fastps.scheduler import Scheduler
+from fastps.control.protocol import ControlClient, FrameDecoder, compute_mac, encode_frame
+from fastps.control.scheduler import Scheduler
 
 WEIRD: List[Any] = [
     None,

@@ -10,7 +10,7 @@ import sys
 
 from fastps import _core
 from fastps.config import Config
-from fastps.server import server_options
+from fastps.control.server import server_options
 
 
 def main() -> None:

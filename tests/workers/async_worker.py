@@ -15,7 +15,7 @@ import time
 
 import fastps
 import numpy as np
-from fastps import async_mode
+from fastps.worker import async_mode
 
 STEPS, SLOW, DELAY = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 ELEMS = 50000

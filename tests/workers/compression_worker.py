@@ -33,10 +33,11 @@ import time
 
 import fastps
 import numpy as np
-from fastps import _core, api
-from fastps.buffers import raw_buffer
-from fastps.compression import Compression
+from fastps import _core
 from fastps.errors import FastPSAbort, FastPSError
+from fastps.worker import api
+from fastps.worker.buffers import raw_buffer
+from fastps.worker.compression import Compression
 
 DETERMINISTIC = {
     "fp16": Compression.fp16,

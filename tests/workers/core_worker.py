@@ -12,7 +12,7 @@ import time
 
 import fastps
 import numpy as np
-from fastps import api
+from fastps.worker import api
 
 DTYPES = [
     "float32",

@@ -18,9 +18,9 @@ import time
 
 import fastps
 import numpy as np
-from fastps import api
-from fastps import collectives as C
+from fastps.collectives import ops as C
 from fastps.errors import FastPSError
+from fastps.worker import api
 
 fastps.init()
 C.start_session()

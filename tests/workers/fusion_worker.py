@@ -16,8 +16,9 @@ from typing import Dict, List, Tuple
 import fastps
 import numpy as np
 from core_worker import DTYPES, check, expected, make, np_dtype
-from fastps import _core, api
+from fastps import _core
 from fastps.errors import FastPSError, FastPSTimeoutError
+from fastps.worker import api
 
 Row = Tuple[str, int, str, int]  # name, nbytes, dtype, priority
 

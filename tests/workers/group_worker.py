@@ -77,7 +77,7 @@ def main() -> int:
 
     # 4. The core starts all or none: a name the core finds busy (here: twice in the rows,
     # which the Python layer would have refused earlier) undoes the names before it.
-    from fastps import api
+    from fastps.worker import api
 
     core = api._st().worker
     row = (a.ctypes.data, a.ctypes.data, a.nbytes, "float32")

@@ -20,9 +20,9 @@ from typing import Any, Dict
 
 import fastps
 import numpy as np
-from fastps import api
-from fastps import collectives as C
+from fastps.collectives import ops as C
 from fastps.errors import FastPSTimeoutError
+from fastps.worker import api
 
 DELAY_S = float(os.environ.get("LATE_DELAY_S", "1.5"))
 ROUNDS = int(os.environ.get("LATE_ROUNDS", "3"))

@@ -20,8 +20,8 @@ from typing import Any
 
 from fastps import _core
 from fastps.config import Config
+from fastps.control.server import run_server, server_options
 from fastps.errors import FastPSError
-from fastps.server import run_server, server_options
 
 
 class LateRoute:

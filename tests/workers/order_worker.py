@@ -14,7 +14,7 @@ import time
 
 import fastps
 import numpy as np
-from fastps import api
+from fastps.worker import api
 
 
 def large_reversed(mode: str) -> int:

@@ -6,7 +6,7 @@ import json
 
 import fastps
 import numpy as np
-from fastps import api
+from fastps.worker import api
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ import time
 
 import fastps
 import numpy as np
-from fastps import api
-from fastps import collectives as C
+from fastps.collectives import ops as C
+from fastps.worker import api
 
 HEADER = 64
 # A routed part costs one header each way besides its bytes; parts are 64 KiB here.
@@ -196,7 +196,7 @@ def measured_set(ps, fn):
 def check_refusals(r: int, n: int) -> None:
     """The core refuses bad routing at once (naming the tensor), and a server refuses a
     part nobody carries data for; the job goes on after both."""
-    from fastps.buffers import raw_buffer
+    from fastps.worker.buffers import raw_buffer
 
     x = np.ones(16, np.float32)
     buf = raw_buffer(x, "x", writable=True)

@@ -17,7 +17,7 @@ import time
 
 import fastps
 import numpy as np
-from fastps import api
+from fastps.worker import api
 
 
 def shm_files() -> int:

@@ -5,7 +5,7 @@ LATE_RANK pushes 'lonely' at once, while LATE_RANK pushes it only after LATE_S s
 import os
 import time
 
-import fastps.api as api
+import fastps.worker.api as api
 import numpy as np
 from fastps.errors import FastPSAbort
 

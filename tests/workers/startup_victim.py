@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from fastps import control
+from fastps.control import protocol as control
 
 
 def die() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
 
         control.ControlClient.register = register_then_die  # type: ignore[method-assign]
     if role == "server":
-        from fastps import server
+        from fastps.control import server
 
         server.main()
         return

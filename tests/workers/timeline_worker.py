@@ -7,7 +7,7 @@ every rank (so a job lasts long enough for several heartbeats)."""
 import os
 import time
 
-import fastps.api as api
+import fastps.worker.api as api
 import numpy as np
 
 api.init()

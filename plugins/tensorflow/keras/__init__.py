@@ -10,7 +10,7 @@ model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
 
 from __future__ import annotations
 
-from .. import (
+from fastps.tensorflow import (
     Adasum,
     Average,
     Compression,
@@ -34,8 +34,8 @@ from .. import (
     shutdown,
     size,
 )
-from ..optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from . import callbacks, elastic
+from fastps.tensorflow.keras import callbacks, elastic
+from fastps.tensorflow.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
 __all__ = [
     "init",

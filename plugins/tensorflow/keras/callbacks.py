@@ -6,10 +6,9 @@ from typing import Any, Dict, List, Optional
 
 import keras
 import numpy as np
-from fastps import api as _api
-
-from .. import _engine as E
-from .. import ops as O
+from fastps.tensorflow import _engine as E
+from fastps.tensorflow import ops as O
+from fastps.worker import api as _api
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",

@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import keras
-
-from ..elastic import (
+from fastps.tensorflow.elastic import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
     KerasState,

@@ -12,7 +12,7 @@ import fastps
 import fastps.mxnet as hvd
 import mxnet as mx
 import numpy as np
-from fastps import api
+from fastps.worker import api
 from mxnet import autograd, gluon
 
 STEPS = 4

@@ -17,7 +17,7 @@ import fastps.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from fastps import api  # noqa: E402
+from fastps.worker import api  # noqa: E402
 
 STEPS = 4
 

@@ -1,0 +1,762 @@
+"""fastpsrun's elastic driver: worker processes come and go, the job goes on.
+
+The job is a sequence of generations (``rendezvous.py``). The driver
+
+- runs the host discovery script every ``discovery_interval`` seconds and starts a worker
+  process for each new slot (up to ``--max-np``); a slot whose host disappears has its
+  worker stopped; a slot whose worker failed (``--blacklist slot``) or every slot of its
+  host (``--blacklist host``, Horovod's rule) is not used again, or only after a cooldown
+  (``--blacklist-cooldown-range``);
+- answers each worker's rendezvous: once every live worker asks for a new generation (and
+  there are at least ``--min-np``), it starts that generation's scheduler (a thread) and
+  servers and gives each worker its rank (survivors keep their order, newcomers come last,
+  so rank 0 holds the committed state), and stops the previous generation's;
+- tells rank 0, when asked at a commit, whether workers were added or removed since the
+  generation formed (``HostsUpdatedInterrupt``), and every worker that watches (``watch``
+  requests, ``notifications.py``) as soon as that happens;
+- fails the job with a clear message when fewer than ``--min-np`` workers are alive, or
+  a rendezvous is incomplete, for longer than ``--elastic-timeout``, or when the world
+  would change more than ``--reset-limit`` times;
+- keeps ``--spare-hosts`` workers started and waiting (imports done, model built): when a
+  worker fails, the next generation gives a spare the failed worker's rank (rank 0 excepted:
+  it must be a survivor, which holds the committed state), so the world keeps its size;
+- with ``FASTPS_ELASTIC_SERVERS=1``, starts each generation's scheduler with elastic
+  servers (a server that dies or joins changes the servers without ending the generation)
+  and gives the next generation as many servers as the last one had at its end.
+
+A worker that dies does not stop the job: its generation's scheduler aborts that generation
+(every survivor's pending operation fails), and the survivors come back for the next one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import random
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from fastps.config import format_addr
+from fastps.control import elastic_wire as wire
+from fastps.control.protocol import FrameDecoder, compute_mac, encode_frame
+from fastps.control.scheduler import Scheduler
+from fastps.errors import FastPSError
+from fastps.launch import discovery
+from fastps.launch.job import POLL, Child, Launcher, describe_exit, say, signal_group
+
+DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
+DISCOVERY_INTERVAL = 1.0
+MIN_DISCOVERY_INTERVAL = 0.05  # the script is a process start: do not spin the CPU on it
+SPARE_STANDBY = 5.0  # a spare's rendezvous request is answered "ask again" this often
+REQUEST_READ_TIMEOUT = 10.0  # a client must send its request this soon after connecting
+WATCH_WAIT = 20.0  # a watch request is answered at the latest after this long
+RESET_LIMIT_MESSAGE = "number of resets exceeded --reset-limit {limit}"
+
+
+def discovery_interval(env: Mapping[str, str]) -> float:
+    """FASTPS_ELASTIC_DISCOVERY_INTERVAL: seconds between runs of the discovery script."""
+    text = env.get("FASTPS_ELASTIC_DISCOVERY_INTERVAL", "")
+    if not text.strip():
+        return DISCOVERY_INTERVAL
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise FastPSError(
+            f"FASTPS_ELASTIC_DISCOVERY_INTERVAL={text!r}: expected a number of seconds > 0"
+        )
+    return max(value, MIN_DISCOVERY_INTERVAL)
+
+
+class _Blacklist:
+    """Failed hosts or slots (by key), each out until its cooldown ends (Horovod's rule:
+    LO * 2^failures + a random part up to LO, bounded by LO..HI; no range: for good)."""
+
+    def __init__(self, cooldown: Optional[Tuple[float, float]]) -> None:
+        self.cooldown = cooldown
+        self.failures: Dict[str, int] = {}
+        self.until: Dict[str, float] = {}
+
+    def add(self, key: str, now: float) -> float:
+        """Blacklists ``key``; returns the seconds until it may come back (inf: never)."""
+        if self.cooldown is None:
+            self.until[key] = math.inf
+            return math.inf
+        if self.until.get(key, 0.0) > now:
+            return self.until[key] - now  # already cooling down: Horovod does not extend it
+        count = self.failures.get(key, 0) + 1
+        self.failures[key] = count
+        lo, hi = self.cooldown
+        delay = max(lo, min(hi, lo * (1 << min(count, 30)) + random.uniform(0, 1) * lo))
+        self.until[key] = now + delay
+        return delay
+
+    def blocked(self, key: str, now: float) -> bool:
+        return self.until.get(key, 0.0) > now
+
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _local_names() -> Set[str]:
+    names = set(LOCAL_NAMES)
+    try:
+        names.add(socket.gethostname())
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return names
+
+
+@dataclass
+class _Slot:
+    """One worker process, named by its slot ``host:index``."""
+
+    id: str
+    host: str
+    seq: int  # start order: newcomers are ranked by it
+    child: Child
+    state: str = "running"  # running | stopping (host removed) | done | failed | removed
+    ready: bool = False  # asked for a generation at least once
+    announced: bool = False  # its arrival was counted as a host update
+    spare: bool = False  # started to replace a failed worker, not in any generation yet
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "stopping")
+
+
+class ElasticLauncher(Launcher):
+    """``fastpsrun --min-np A --max-np B --host-discovery-script S CMD`` on this machine."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        discovery_script: str,
+        min_np: int,
+        max_np: int,
+        num_workers: Optional[int] = None,
+        num_servers: int = 1,
+        elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT,
+        discovery_interval: float = DISCOVERY_INTERVAL,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Tuple[float, float]] = None,
+        blacklist_scope: str = "slot",
+        defer_join: bool = False,
+        spares: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if min_np < 1:
+            raise FastPSError(f"--min-np must be >= 1, got {min_np}")
+        if max_np < min_np:
+            raise FastPSError(f"--max-np {max_np} is below --min-np {min_np}")
+        if num_workers is not None and not min_np <= num_workers <= max_np:
+            raise FastPSError(f"-np {num_workers} is outside --min-np {min_np}..--max-np {max_np}")
+        if spares < 0:
+            raise FastPSError(f"--spare-hosts must be >= 0, got {spares}")
+        if not elastic_timeout > 0:
+            raise FastPSError(f"--elastic-timeout must be > 0, got {elastic_timeout}")
+        if blacklist_scope not in ("slot", "host"):
+            raise FastPSError(f"--blacklist must be 'slot' or 'host', got {blacklist_scope!r}")
+        if reset_limit is not None and reset_limit < 0:
+            raise FastPSError(f"--reset-limit must be >= 0, got {reset_limit}")
+        super().__init__(
+            command, num_workers=num_workers or min_np, num_servers=num_servers, **kwargs
+        )
+        self.script = discovery_script
+        self.min_np = min_np
+        self.max_np = max_np
+        self.initial_np = num_workers or max_np
+        self.elastic_timeout = float(elastic_timeout)
+        self.discovery_interval = discovery_interval
+        self.reset_limit = reset_limit
+        self.blacklist_scope = blacklist_scope
+        self.defer_join = defer_join  # new workers interrupt once they can join, not at start
+        self.spares = spares
+        self.gen_num_servers = num_servers  # servers the next generation starts
+        self.blacklist = _Blacklist(cooldown_range)
+        self.local_names = _local_names()
+        self.cond = threading.Condition()
+        self.slots: Dict[str, _Slot] = {}
+        self.generation = -1
+        self.members: List[str] = []  # the current generation's slot ids, in rank order
+        self.assignments: Dict[str, Dict[str, Any]] = {}
+        self.waiting: Dict[str, float] = {}  # slot id -> since when it asks for a generation
+        # Members of the current generation that asked to stay in place (inplace.py).
+        self.in_place_asks: Set[str] = set()
+        self.epoch = 0  # bumped whenever a worker is added or removed
+        self.added_epochs: Set[int] = set()
+        self.gen_epoch = 0  # the epoch the current generation formed at
+        self.finishing = False  # a member finished its training: no new generation forms
+        self.error: Optional[str] = None
+        self.schedulers: List[Scheduler] = []
+        self.gen_servers: List[Child] = []
+        self.failure_at: Optional[float] = None  # when the last failure was seen
+        self.below_min_since: Optional[float] = None
+        self._service: Optional[socket.socket] = None
+        self._service_addr = ""
+        self._refused_hosts: Set[str] = set()
+        self._discovery_error: Optional[str] = None
+
+    # ------------------------------------------------------------ environment
+    def _child_env(self, role: str, index: int, sched_addr: str) -> Dict[str, str]:
+        env = super()._child_env(role, index, sched_addr)
+        env.update(self._next_env)
+        for var in self._drop_env:
+            env.pop(var, None)
+        return env
+
+    def _spawn_with(
+        self,
+        role: str,
+        index: int,
+        argv: List[str],
+        sched_addr: str,
+        extra: Dict[str, str],
+        drop: Sequence[str] = (),
+    ) -> Child:
+        self._next_env = extra
+        self._drop_env = tuple(drop)
+        try:
+            return self._spawn(role, index, argv, sched_addr)
+        finally:
+            self._next_env = {}
+            self._drop_env = ()
+
+    _next_env: Dict[str, str] = {}
+    _drop_env: Sequence[str] = ()
+
+    def _start_worker(self, slot_id: str, host: str, announce: bool, spare: bool = False) -> None:
+        """Starts a worker on ``slot_id``. ``announce``: its arrival is a host update now
+        (Horovod: the next commit interrupts and the rendezvous waits for it); otherwise
+        once it asks to join (a host back from the blacklist first shows it can start)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        extra = {
+            wire.ADDR_VAR: self._service_addr,
+            wire.ID_VAR: slot_id,
+            wire.JOB_VAR: self.job_id,
+            "FASTPS_ELASTIC_TIMEOUT": f"{self.rendezvous_timeout:g}",
+            "HOROVOD_ELASTIC": "1",
+            "HOROVOD_HOSTNAME": host,
+        }
+        drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
+        child = self._spawn_with("worker", seq, self.command, "", extra, drop)
+        # A spare is never a host update: it joins only in a failed worker's place.
+        announce = announce and not spare
+        self.slots[slot_id] = _Slot(slot_id, host, seq, child, announced=announce, spare=spare)
+        if announce:
+            self._host_update(added=True)
+        kind = "spare worker" if spare else "worker"
+        say(f"{kind} {seq} started on slot {slot_id} (pid {child.pid})")
+
+    _next_seq = 0
+
+    def _host_update(self, added: bool) -> None:
+        """A worker was added or removed: a new host epoch (commits and watchers see it)."""
+        self.epoch += 1
+        if added:
+            self.added_epochs.add(self.epoch)
+        self.cond.notify_all()
+
+    def _blacklist_key(self, slot: _Slot) -> str:
+        return slot.host if self.blacklist_scope == "host" else slot.id
+
+    def _blacklist_after_failure(self, slot: _Slot, now: float) -> None:
+        key = self._blacklist_key(slot)
+        delay = self.blacklist.add(key, now)
+        what = f"host {key}" if self.blacklist_scope == "host" else f"slot {key}"
+        when = "for the rest of the job" if math.isinf(delay) else f"for {delay:.1f} s"
+        say(f"{what} blacklisted {when}")
+        if self.blacklist_scope != "host":
+            return
+        for other in self.slots.values():
+            if other.state == "running" and other.host == slot.host:
+                other.state = "stopping"
+                say(f"stopping the worker on slot {other.id}: its host is blacklisted")
+                signal_group(other.child.pid, signal.SIGTERM)
+
+    # ------------------------------------------------------------ running
+    def _start(self) -> None:
+        self._open_service()
+        hosts = discovery.discover(self.script)
+        with self.cond:
+            self._apply_discovery(hosts, limit=self.initial_np)
+
+    def _monitor(self) -> int:
+        next_discovery = time.monotonic() + self.discovery_interval
+        while True:
+            if self._signalled():
+                return self._interrupted()
+            now = time.monotonic()
+            hosts = None
+            if now >= next_discovery and not self.finishing:
+                # Outside the lock: a slow script must not hold up rendezvous answers.
+                hosts = self._discover()
+                next_discovery = time.monotonic() + self.discovery_interval
+            with self.cond:
+                self._reap(now)
+                if hosts is not None and not self.finishing:
+                    self._apply_discovery(hosts, limit=self.max_np)
+                self._maybe_form(now)
+                if self.error is not None:
+                    self.cond.notify_all()
+                    say(self.error)
+                    self._stop_generation()
+                    self._terminate_all()
+                    return 1
+                if not any(s.running for s in self.slots.values()):
+                    return self._finish()
+            time.sleep(POLL)
+
+    def _finish(self) -> int:
+        members = [self.slots[i] for i in self.members]
+        bad = [s for s in members if s.state != "done"]
+        self._stop_generation()
+        if self.finishing and not bad:
+            say(f"elastic job finished: {len(members)} workers in generation {self.generation}")
+            return 0
+        if not members:
+            say("every worker ended before a generation formed")
+            return 1
+        say(
+            "elastic job failed: "
+            + ", ".join(f"worker on slot {s.id} ({s.state})" for s in bad or members)
+        )
+        return 1
+
+    def _reap(self, now: float) -> None:
+        for s in self.slots.values():
+            if not s.running:
+                continue
+            rc = s.child.proc.poll()
+            if rc is None:
+                continue
+            s.child.reported = True
+            if s.state == "stopping":
+                s.state = "removed"
+            elif rc == 0:
+                s.state = "done"
+                if s.id in self.members:
+                    self.finishing = True
+            elif s.spare:
+                s.state = "failed"  # not in any generation: nobody's operations fail
+                say(f"spare worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
+            else:
+                s.state = "failed"
+                self._host_update(added=False)
+                self.failure_at = now
+                say(f"worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
+                self._blacklist_after_failure(s, now)
+                alive = sum(1 for x in self.slots.values() if x.state == "running")
+                say(f"the job goes on with {alive} workers")
+            self.waiting.pop(s.id, None)
+            self.cond.notify_all()
+        if self.finishing:
+            # Workers not in the finishing generation (still starting, or waiting to join)
+            # would train alone from scratch: stop them.
+            for s in self.slots.values():
+                if s.state == "running" and s.id not in self.members:
+                    s.state = "stopping"
+                    signal_group(s.child.pid, signal.SIGTERM)
+
+    def _discover(self) -> Optional[Dict[str, int]]:
+        """The discovery script's hosts, or None (said once) when it fails."""
+        try:
+            hosts = discovery.discover(self.script)
+        except FastPSError as exc:
+            if str(exc) != self._discovery_error:
+                say(f"{exc}; keeping the current hosts")
+            self._discovery_error = str(exc)
+            return None
+        self._discovery_error = None
+        return hosts
+
+    def _apply_discovery(self, hosts: Dict[str, int], limit: int) -> None:
+        usable = {}
+        for host, n in hosts.items():
+            if host in self.local_names:
+                usable[host] = n
+            elif host not in self._refused_hosts:
+                self._refused_hosts.add(host)
+                say(
+                    f"host {host!r} from the discovery script ignored: elastic mode starts "
+                    "workers on this machine only (docs/elastic.md)"
+                )
+        offered = [f"{h}:{i}" for h, i in discovery.slots(usable)]
+        hostof = {f"{h}:{i}": h for h, i in discovery.slots(usable)}
+        for s in self.slots.values():
+            if s.state == "running" and s.id not in hostof:
+                s.state = "stopping"
+                if not s.spare:
+                    self._host_update(added=False)
+                say(f"slot {s.id} left the discovery output: stopping its worker")
+                signal_group(s.child.pid, signal.SIGTERM)
+        alive = sum(1 for s in self.slots.values() if s.running and not s.spare)
+        spares = sum(1 for s in self.slots.values() if s.running and s.spare)
+        # Spares about to take the places of failed members count as workers already.
+        holes = sum(1 for sid in self.members if not self.slots[sid].running)
+        now = time.monotonic()
+        for slot_id in offered:
+            if alive + min(spares, holes) >= limit and spares >= self.spares:
+                break
+            old = self.slots.get(slot_id)
+            if old is not None and old.state in ("running", "stopping", "done"):
+                continue
+            host = hostof[slot_id]
+            key = host if self.blacklist_scope == "host" else slot_id
+            if self.blacklist.blocked(key, now):
+                continue  # failed (or its host did): out for good, or until its cooldown ends
+            resurrected = key in self.blacklist.until
+            if resurrected and old is not None and old.state == "failed":
+                say(f"slot {slot_id}: its blacklist cooldown ended, starting a worker again")
+            announce = self.generation >= 0 and not resurrected and not self.defer_join
+            if alive + min(spares, holes) < limit:
+                self._start_worker(slot_id, host, announce=announce)
+                alive += 1
+            else:
+                self._start_worker(slot_id, host, announce=False, spare=True)
+                spares += 1
+
+    # ------------------------------------------------------------ generations
+    def _maybe_form(self, now: float) -> None:
+        alive = [s for s in self.slots.values() if s.state == "running" and not s.spare]
+        ready_spares = self._ready_spares() if self.members else []
+        if len(alive) + len(ready_spares) < self.min_np and not self.finishing:
+            if self.below_min_since is None:
+                self.below_min_since = now
+            elif now - self.below_min_since > self.elastic_timeout:
+                self.error = (
+                    f"only {len(alive)} workers for more than --elastic-timeout "
+                    f"{self.elastic_timeout:g} s, below --min-np {self.min_np}: stopping the job"
+                )
+            return
+        self.below_min_since = None
+        # Spares wait all the time: they neither start a generation nor time one out.
+        asking = [t for sid, t in self.waiting.items() if not self.slots[sid].spare]
+        if not asking or self.finishing:
+            return
+        missing = [s for s in alive if s.id not in self.waiting]
+        if not missing:
+            self._form(alive)
+            return
+        if now - min(asking) > self.rendezvous_timeout:
+            self.error = (
+                f"rendezvous incomplete after {self.rendezvous_timeout:g} s (the longer of "
+                f"--elastic-timeout and --timeout): workers on slots "
+                f"{', '.join(s.id for s in missing)} did not come"
+            )
+
+    def _ready_spares(self) -> List[_Slot]:
+        """Spares that asked for a generation (their start-up is done), oldest first."""
+        out = [s for s in self.slots.values() if s.state == "running" and s.spare]
+        return sorted((s for s in out if s.id in self.waiting), key=lambda s: s.seq)
+
+    def _seat(self, alive: List[_Slot]) -> List[_Slot]:
+        """The next generation's workers in rank order: survivors keep their relative order,
+        a ready spare takes the rank of a failed (or removed) worker, newcomers come last.
+        Rank 0 is never a spare's (``sync()`` broadcasts from rank 0, which must hold the
+        committed state): a spare replacing rank 0 comes after the survivors."""
+        seats: List[Optional[_Slot]] = []
+        for sid in self.members:
+            member = self.slots[sid]
+            seats.append(member if member.state == "running" else None)
+        spares = self._ready_spares() if self.members else []
+        room = self.max_np - len(alive)
+        late: List[_Slot] = []
+        for i, seat in enumerate(seats):
+            if seat is not None or not spares or room <= 0:
+                continue
+            spare = spares.pop(0)
+            room -= 1
+            say(f"spare worker on slot {spare.id} replaces the worker on slot {self.members[i]}")
+            if i > 0 and seats[0] is not None:
+                seats[i] = spare
+            else:
+                late.append(spare)
+        order = [x for x in seats if x is not None] + late
+        for x in order:
+            x.spare = False
+        known = {x.id for x in order}
+        order += sorted((x for x in alive if x.id not in known), key=lambda x: x.seq)
+        return order
+
+    def _server_count(self) -> int:
+        """Servers for the next generation: with elastic servers, as many as the current
+        one has now (a server that died is not replaced, one that joined counts)."""
+        if self.config.elastic_servers and self.scheduler is not None:
+            now = self.scheduler.server_count()
+            if now is not None:
+                self.gen_num_servers = max(1, now)
+        return self.gen_num_servers
+
+    def _in_place_refusal(self, order: List[_Slot], spares: Set[str]) -> Optional[str]:
+        """Why the generation formed with ``order`` cannot keep the survivors in place
+        (core/elastic/inplace.py; None: it can): every member of the last generation
+        that is alive asked to, each kept its rank, the lost ranks went to spares that
+        were ready, and rank 0 survived (it serves the commit)."""
+        if not self.members:
+            return "the first generation"
+        if len(order) != len(self.members):
+            return f"the world changes size ({len(self.members)} -> {len(order)} workers)"
+        if order[0].id != self.members[0]:
+            return "rank 0 was lost (its place goes to a survivor, every rank moves)"
+        for rank, (old, new) in enumerate(zip(self.members, order)):
+            if new.id == old:
+                if old not in self.in_place_asks:
+                    return f"rank {rank} (slot {old}) asked for a rollback"
+            elif new.id not in spares:
+                return f"rank {rank} goes to slot {new.id}, not a spare"
+        if all(new.id == old for old, new in zip(self.members, order)):
+            return "no worker was replaced"
+        return None
+
+    def _form(self, alive: List[_Slot]) -> None:
+        spare_ids = {s.id for s in self.slots.values() if s.spare}
+        order = self._seat(alive)
+        refusal = self._in_place_refusal(order, spare_ids)
+        if self.in_place_asks:
+            say(
+                "in-place replacement: "
+                + (f"refused ({refusal}): the survivors roll back" if refusal else "granted")
+            )
+        self.in_place_asks = set()
+        g = self.generation + 1
+        if self.reset_limit is not None and g > self.reset_limit:
+            # Horovod's --reset-limit: generation g is the g-th reset of the world.
+            self.error = "elastic job stopped: " + RESET_LIMIT_MESSAGE.format(
+                limit=self.reset_limit
+            )
+            return
+        num_servers = self._server_count()
+        self._stop_generation()
+        job = f"{self.job_id}-g{g}"
+        elastic_servers = self.config.elastic_servers
+        sched = Scheduler(
+            num_workers=len(order),
+            num_servers=num_servers,
+            job_id=job,
+            token=self.token,
+            host=self.host_addr,
+            port=0,
+            timeout=self.timeout,
+            heartbeat_timeout=self.config.heartbeat_timeout,
+            auth_timeout=self.config.handshake_timeout,
+            elastic_servers=elastic_servers,
+        )
+        sched.on_abort = lambda reason, g=g: say(f"generation {g} ends: {reason}")
+        sched.start()
+        self.scheduler = sched
+        self.schedulers.append(sched)
+        extra = {
+            "FASTPS_JOB_ID": job,
+            "FASTPS_NUM_WORKERS": str(len(order)),
+            "FASTPS_NUM_SERVERS": str(num_servers),
+        }
+        if elastic_servers:
+            # A server started by hand joins the generation running when it starts.
+            self._next_env = extra
+            try:
+                self._write_server_env(sched.address_text, announce=g == 0)
+            finally:
+                self._next_env = {}
+        self.gen_servers = [
+            self._spawn_with(
+                "server", sid, [self._python(), "-m", "fastps.server"], sched.address_text, extra
+            )
+            for sid in range(num_servers)
+        ]
+        hosts: List[str] = []
+        for s in order:
+            if s.host not in hosts:
+                hosts.append(s.host)
+        self.assignments = {}
+        for rank, s in enumerate(order):
+            local = [x.id for x in order if x.host == s.host]
+            self.assignments[s.id] = {
+                "type": "assignment",
+                "generation": g,
+                "rank": rank,
+                "size": len(order),
+                "local_rank": local.index(s.id),
+                "local_size": len(local),
+                "cross_rank": hosts.index(s.host),
+                "cross_size": len(hosts),
+                "scheduler": sched.address_text,
+                "job_id": job,
+                "num_servers": num_servers,
+                "in_place": refusal is None,
+                "in_place_refused": refusal or "",
+            }
+        self.generation = g
+        self.members = [s.id for s in order]
+        self.gen_epoch = self.epoch
+        # Spares not seated keep waiting for the next failure.
+        self.waiting = {k: t for k, t in self.waiting.items() if self.slots[k].spare}
+        after = ""
+        if self.failure_at is not None:
+            after = f", {time.monotonic() - self.failure_at:.2f} s after the failure"
+            self.failure_at = None
+        say(f"generation {g}: {len(order)} workers ({', '.join(self.members)}){after}")
+        pids = ", ".join(f"{c.index} (pid {c.pid})" for c in self.gen_servers)
+        say(f"generation {g}: servers {pids}")
+        self.cond.notify_all()
+
+    @staticmethod
+    def _python() -> str:
+        import sys
+
+        return sys.executable
+
+    def _stop_generation(self) -> None:
+        """Stops the current generation's scheduler and servers (its workers left it)."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for c in self.gen_servers:
+            signal_group(c.pid, signal.SIGTERM)
+        self.gen_servers = []
+
+    def _interrupted(self) -> int:
+        with self.cond:
+            self.error = "fastpsrun was interrupted"
+            self.cond.notify_all()
+        return super()._interrupted()
+
+    def _cleanup(self) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = "the elastic job ended"
+            self.cond.notify_all()
+        if self._service is not None:
+            try:
+                self._service.close()
+            except OSError:
+                pass
+        super()._cleanup()
+        for sched in self.schedulers:
+            sched.stop()
+            sched.join(timeout=3.0)
+
+    # ------------------------------------------------------------ rendezvous service
+    def _open_service(self) -> None:
+        sock = socket.create_server((self.host_addr, 0), backlog=128)
+        self._service = sock
+        self._service_addr = format_addr(self.host_addr, sock.getsockname()[1])
+        threading.Thread(target=self._accept_loop, name="fastps-elastic", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        assert self._service is not None
+        while True:
+            try:
+                conn, _ = self._service.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                nonce = secrets.token_bytes(16)
+                conn.sendall(encode_frame({"type": "hello", "nonce": nonce.hex()}))
+                msg = wire.recv_message(
+                    conn, FrameDecoder(wire.MAX_FRAME), time.monotonic() + REQUEST_READ_TIMEOUT
+                )
+                want = compute_mac(self.token, nonce, self.job_id)
+                if not hmac.compare_digest(str(msg.get("mac", "")), want):
+                    conn.sendall(
+                        encode_frame({"type": "error", "message": "authentication failed"})
+                    )
+                    return
+                answer = self._answer(msg)
+                conn.sendall(encode_frame(answer))
+            except (OSError, FastPSError):
+                return
+
+    def _answer(self, msg: Dict[str, Any]) -> Dict[str, Any]:
+        kind = msg.get("type")
+        if kind == "updates":
+            with self.cond:
+                gen = msg.get("generation")
+                updated = gen != self.generation or self.epoch > self.gen_epoch
+                added = any(e > self.gen_epoch for e in self.added_epochs)
+                return {
+                    "type": "updates",
+                    "updated": bool(updated),
+                    "removed_only": bool(updated and not added),
+                    "epoch": self.epoch,
+                }
+        if kind == "watch":
+            return self._watch(msg.get("after"))
+        if kind == "rendezvous":
+            return self._rendezvous(
+                str(msg.get("id", "")), int(msg.get("after", -1)), bool(msg.get("in_place"))
+            )
+        return {"type": "error", "message": f"unknown request {kind!r}"}
+
+    def _watch(self, after: Any) -> Dict[str, Any]:
+        """Answers once the host epoch passes ``after`` (None: at once, with the current
+        epoch), at the latest after WATCH_WAIT: which kinds of update happened since."""
+        deadline = time.monotonic() + WATCH_WAIT
+        with self.cond:
+            since = self.epoch if after is None else int(after)
+            while after is not None and self.epoch <= since and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 1.0))
+            added = sum(1 for e in self.added_epochs if since < e <= self.epoch)
+            return {
+                "type": "watch",
+                "epoch": self.epoch,
+                "added": added > 0,
+                "removed": self.epoch - since > added,
+            }
+
+    @property
+    def rendezvous_timeout(self) -> float:
+        """How long a rendezvous waits for a live worker. At least the registration timeout
+        (--timeout): a worker may still be starting (imports, model building; slow on a
+        loaded machine), and one that failed takes a moment to exit. Horovod's elastic
+        timeout, too, bounds the wait for enough hosts, not for a process."""
+        return max(self.elastic_timeout, self.timeout)
+
+    def _rendezvous(self, slot_id: str, after: int, in_place: bool = False) -> Dict[str, Any]:
+        deadline = time.monotonic() + self.rendezvous_timeout + 10.0
+        with self.cond:
+            slot = self.slots.get(slot_id)
+            if slot is None or slot.state != "running":
+                return {"type": "error", "message": f"slot {slot_id!r} is not a worker of this job"}
+            self.waiting.setdefault(slot_id, time.monotonic())
+            if in_place:
+                self.in_place_asks.add(slot_id)
+            if not slot.ready:
+                slot.ready = True
+                if slot.spare:
+                    say(f"spare worker on slot {slot_id} is ready")
+                elif not slot.announced:
+                    # A worker not announced when it started (the first ones, or one on a
+                    # host back from the blacklist) is a host update once it can join: the
+                    # others keep training while it starts (imports, model building).
+                    slot.announced = True
+                    self._host_update(added=True)
+            standby = time.monotonic() + SPARE_STANDBY
+            while True:
+                if self.generation > after and slot_id in self.assignments:
+                    return dict(self.assignments[slot_id])
+                if slot.spare and slot.state == "running" and time.monotonic() > standby:
+                    return {"type": "standby"}  # asks again: its wait has no end
+                if self.error is not None:
+                    return {"type": "error", "message": self.error}
+                if self.finishing:
+                    return {"type": "error", "message": "the elastic job finished"}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"type": "error", "message": "no generation formed in time"}
+                self.cond.wait(min(left, 1.0))
