@@ -196,7 +196,9 @@ class Scheduler:
         self._stop_requested = False
         self.abort_reason: Optional[str] = None
         # Servers that leave and join without ending the job (core/elastic/server_pool.py).
-        self._server_pool: Optional[ServerPool] = ServerPool(self) if elastic_servers else None
+        self._server_pool: Optional[ServerPool] = (
+            ServerPool(_PoolHostOf(self)) if elastic_servers else None
+        )
         self._abort_at = 0.0
         # Called (on the scheduler's thread) with the reason when the job aborts; a launcher
         # sets it to report the root cause itself, first and once.
@@ -1076,6 +1078,49 @@ class Scheduler:
             if conn.authed and not conn.closed:
                 self._send(conn, {"type": "abort", "reason": reason})
                 self._drain(conn)
+
+
+class _PoolHostOf:
+    """The scheduler as its server pool sees it (server_pool.PoolHost)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    def live_servers(self) -> Dict[int, _Conn]:
+        s = self._s
+        return {
+            sid: c
+            for sid, c in s._servers.items()
+            if not c.closed and ("server", sid) not in s._left
+        }
+
+    def live_workers(self) -> Dict[int, _Conn]:
+        s = self._s
+        return {
+            r: c for r, c in s._workers.items() if not c.closed and ("worker", r) not in s._left
+        }
+
+    def may_change_servers(self) -> bool:
+        s = self._s
+        return not s._shutdown_sent and s.abort_reason is None and s._membership_sent
+
+    def server(self, sid: int) -> Optional[_Conn]:
+        return self._s._servers.get(sid)
+
+    def forget_server(self, sid: int) -> None:
+        del self._s._servers[sid]
+
+    def membership(self) -> Dict[str, Any]:
+        return self._s._membership_message()
+
+    def send(self, conn: _Conn, msg: Dict[str, Any]) -> None:
+        self._s._send(conn, msg)
+
+    def fail_job(self, reason: str) -> None:
+        self._s._abort(reason)
+
+    def reject(self, conn: _Conn, text: str) -> None:
+        self._s._protocol_error(conn, text)
 
 
 def main() -> None:

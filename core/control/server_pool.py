@@ -15,10 +15,10 @@ of rounds whose sum may be missing somewhere, and why no round is counted twice.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Set, Tuple
 
 if TYPE_CHECKING:  # the scheduler imports this module
-    from fastps.control.scheduler import Scheduler, _Conn
+    from fastps.control.scheduler import _Conn
 
 log = logging.getLogger("fastps.scheduler")
 
@@ -62,66 +62,89 @@ def redo_plan(reports: Dict[int, Dict[str, Any]]) -> Tuple[Dict[str, List[int]],
     return plan, None
 
 
-class ServerPool:
-    """Owned by a :class:`~fastps.scheduler.Scheduler` whose job has elastic servers."""
+class PoolHost(Protocol):
+    """What the pool asks of the scheduler that owns it (from the scheduler's thread)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._sched = scheduler
+    def live_servers(self) -> Dict[int, _Conn]:
+        """The servers registered, connected and not leaving, by id."""
+
+    def live_workers(self) -> Dict[int, _Conn]:
+        """The workers registered, connected and not leaving, by rank."""
+
+    def may_change_servers(self) -> bool:
+        """Whether the job is running (membership sent, not ending or aborted)."""
+
+    def server(self, sid: int) -> Optional[_Conn]:
+        """Server ``sid``'s connection, or None."""
+
+    def forget_server(self, sid: int) -> None:
+        """Drops server ``sid`` from the job."""
+
+    def membership(self) -> Dict[str, Any]:
+        """The membership message as a server that joins now must see it."""
+
+    def send(self, conn: _Conn, msg: Dict[str, Any]) -> None: ...
+
+    def fail_job(self, reason: str) -> None:
+        """Aborts the job with ``reason``."""
+
+    def reject(self, conn: _Conn, text: str) -> None:
+        """A malformed message from ``conn``."""
+
+
+class ServerPool:
+    """Owned by a :class:`~fastps.control.scheduler.Scheduler` whose job has elastic
+    servers; reaches it only through :class:`PoolHost`."""
+
+    def __init__(self, host: PoolHost) -> None:
+        self._host = host
         self.epoch = 0
         self._reports: Dict[int, Dict[str, Any]] = {}
         self._waiting: set = set()
 
     def live_servers(self) -> Dict[int, _Conn]:
-        s = self._sched
-        return {
-            sid: c
-            for sid, c in s._servers.items()
-            if not c.closed and ("server", sid) not in s._left
-        }
+        return self._host.live_servers()
 
     def server_gone(self, conn: _Conn, why: str) -> bool:
         """A server died or left. True: handled (the job goes on); False: the caller aborts
         (no server would remain, or the job is already ending)."""
-        s = self._sched
-        if s._shutdown_sent or s.abort_reason is not None or not s._membership_sent:
+        h = self._host
+        if not h.may_change_servers():
             return False
         sid = conn.node_id
-        if sid is None or s._servers.get(sid) is not conn:
+        if sid is None or h.server(sid) is not conn:
             return True  # already replaced or removed
-        others = {k: c for k, c in self.live_servers().items() if k != sid}
+        others = {k: c for k, c in h.live_servers().items() if k != sid}
         if not others:
             return False
-        del s._servers[sid]
+        h.forget_server(sid)
         self._announce(f"{conn.label} {why}")
         return True
 
     def admit(self, conn: _Conn) -> None:
         """A server registered after the membership went out: it joins from the next epoch."""
-        s = self._sched
-        s._send(conn, s._membership_message())
+        self._host.send(conn, self._host.membership())
         self._announce(f"{conn.label} joined")
 
     def _announce(self, why: str) -> None:
-        s = self._sched
+        h = self._host
         self.epoch += 1
-        servers = s._membership_message()["servers"]
+        servers = h.membership()["servers"]
         log.warning("server epoch %d (%s): servers %s", self.epoch, why, [x["id"] for x in servers])
         self._reports = {}
-        self._waiting = {
-            r for r, c in s._workers.items() if not c.closed and ("worker", r) not in s._left
-        }
+        workers = h.live_workers()
+        self._waiting = set(workers)
         msg = {"type": "servers", "epoch": self.epoch, "servers": servers, "why": why}
         for r in self._waiting:
-            s._send(s._workers[r], msg)
-        for c in self.live_servers().values():
-            s._send(c, msg)
+            h.send(workers[r], msg)
+        for c in h.live_servers().values():
+            h.send(c, msg)
 
     def report(self, conn: _Conn, msg: Dict[str, Any]) -> None:
         """A worker's rounds for the announced epoch; the plan goes out once all reported."""
-        s = self._sched
         epoch, rounds = msg.get("epoch"), msg.get("rounds")
         if conn.role != "worker" or conn.node_id is None or not isinstance(rounds, dict):
-            s._protocol_error(conn, "invalid reroute_report message")
+            self._host.reject(conn, "invalid reroute_report message")
             return
         if epoch != self.epoch or conn.node_id not in self._waiting:
             return  # an older epoch's report: a newer announcement replaced it
@@ -133,19 +156,20 @@ class ServerPool:
         self._maybe_plan()
 
     def _maybe_plan(self) -> None:
-        s = self._sched
+        h = self._host
         if self._waiting or not self._reports:
             return
         plan, error = redo_plan(self._reports)
         if error is not None:
-            s._abort(f"cannot move the job to the new servers: {error}")
+            h.fail_job(f"cannot move the job to the new servers: {error}")
             return
         log.info("server epoch %d: %d tensors summed again", self.epoch, len(plan))
         out = {"type": "reroute_plan", "epoch": self.epoch, "redo": plan}
+        workers = h.live_workers()
         for r in self._reports:
-            worker = s._workers.get(r)
+            worker = workers.get(r)
             if worker is not None:
-                s._send(worker, out)
+                h.send(worker, out)
 
     def worker_gone(self, rank: int) -> None:
         """A worker that finished no longer owes a report."""
