@@ -1169,22 +1169,32 @@ def poll(handle: Handle) -> bool:
 def broadcast_async(
     tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None
 ) -> Handle:
-    """Starts copying root_rank's ``tensor`` to every worker (into ``out``, default new)."""
+    """Starts copying root_rank's ``tensor`` to every worker (into ``out``, default new).
+
+    Routed (docs/design/architecture.md, "Bytes on the wire"): the root's push is the only
+    one that carries data and the others only receive, so the root uploads the tensor once
+    and every other worker downloads it once (a zero-filled sum would move n times that)."""
     st = _st()
-    if not 0 <= root_rank < st.cfg.num_workers:
-        raise FastPSError(
-            f"broadcast root_rank {root_rank} is not a rank of this job (size {st.cfg.num_workers})"
-        )
+    n = st.cfg.num_workers
+    if not 0 <= root_rank < n:
+        raise FastPSError(f"broadcast root_rank {root_rank} is not a rank of this job (size {n})")
     name = name or auto_name("broadcast")
     src = raw_buffer(tensor, f"tensor '{name}'")
     if out is None:
         out = np.empty(src.shape, dtype=src.owner.dtype)
     dst = raw_buffer(out, f"output of tensor '{name}'", writable=True)
-    if st.cfg.rank != root_rank:
-        # Every non-root contributes zeros, so the sum is the root's value.
-        dst.owner[...] = 0
-        src = dst
-    return push_pull_raw(src, dst, name, 0, 1.0, out=out)
+    root = st.cfg.rank == root_rank
+    if root and dst.ptr != src.ptr:
+        np.copyto(dst.owner, src.owner.reshape(dst.owner.shape))
+    if n == 1 or not st.cfg.num_servers:
+        # Nothing to route through (one worker, or a job without servers): the plain sum
+        # of the root's value and the others' zeros.
+        if not root:
+            dst.owner[...] = 0
+        return push_pull_raw(dst, dst, name, 0, 1.0, out=out)
+    if root:
+        return push_pull_raw(src, dst, name, 0, 1.0, out=out, receive=False, pushers=n)
+    return push_pull_raw(dst, dst, name, 0, 1.0, out=out, send=False, pushers=n)
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None) -> Any:

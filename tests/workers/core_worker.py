@@ -153,8 +153,15 @@ def out_of_order() -> None:
     # broadcast from the last rank, anonymous names matched by call order
     root = size - 1
     b = np.full(10, rank, dtype=np.int64)
+    routed = api.data_path_stats()["pushed_routed"]
     got = fastps.broadcast(b, root_rank=root)
     assert (got == root).all(), got
+    # routed: the root's push alone carries data (not a sum of zeros from every rank)
+    assert api.data_path_stats()["pushed_routed"] > routed
+    # in place, with a larger tensor over several parts
+    big = np.full(300_000, float(rank), dtype=np.float32)
+    assert fastps.broadcast(big, root_rank=0, name="bcast.big", out=big) is big
+    assert (big == 0.0).all(), big[:4]
     anon = fastps.push_pull(np.ones(3, np.float32), average=False)
     assert (anon == size).all(), anon
     fastps.barrier()
