@@ -26,7 +26,7 @@ each worker fills its tensors with rank + 1, so every element must come back n(n
     python -m benchmarks.comm_rack --models resnet50 vgg16 --iters 3 --warmup 1
     python -m benchmarks.comm_rack --models vgg16 --scale 0.25    # a quarter of every tensor
 
-Needs root (network namespaces). Writes docs/rack-results/comm.csv (provenance in the
+Needs root (network namespaces). Writes docs/results/comm.csv (provenance in the
 ``#`` header lines).
 """
 

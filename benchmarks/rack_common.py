@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "docs" / "rack-results"
+RESULTS_DIR = REPO / "docs" / "results"
 RESULT_TAG = "RESULT "
 
 # One TCP stream at MTU 1500 carries 1448 payload bytes per 1514-byte frame on the wire
