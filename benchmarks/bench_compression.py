@@ -467,7 +467,7 @@ DIGITS_SPECS = [
     "topk:0.01:ef",
     "randomk:0.01:ef",
     # DGC's sparsity warm-up over half of the default 30 epochs' 1,260 rounds
-    # (docs/compression.md, "Sparsity warm-up").
+    # (docs/guide/compression.md, "Sparsity warm-up").
     "randomk:0.01:ef:warmup=630",
     "dithering:16:ef",
     "topk:0.01",

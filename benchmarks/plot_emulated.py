@@ -3,7 +3,7 @@
 One column per model; the top row is each system's fraction of the ideal per-iteration
 time max(C, communication bound at k) against the number of CPU hosts k, the bottom row
 its speedup over DDP-Gloo at the same ratio. Colour = system, marker and line style =
-compute-to-communication ratio. The issue-14 targets are drawn as dashed lines (0.9 of the
+compute-to-communication ratio. The training-speed targets are drawn as dashed lines (0.9 of the
 ideal; 1.25x DDP). Several CSVs (one per model block) go into one figure; a row that did
 not finish (status other than "ok") is left out; repeated runs of a cell (``--repeats``)
 are drawn as their median.

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastps.sim import calibration
 
-# The stored measurements are in docs/results (docs/rack-results before the docs moved);
-# the harness reads them from there whichever folder its own module still names.
+# The stored measurements moved to docs/results with the docs layout; the harness reads
+# them from there whichever folder its own module still names.
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
