@@ -1,4 +1,4 @@
-// CPU cost of each compressor's part of a compressed round (docs/compression.md), on one
+// CPU cost of each compressor's part of a compressed round (docs/guide/compression.md), on one
 // thread, in thread CPU time (the shared machine's load would otherwise count other
 // processes' time): a worker's encode with error feedback, the server's decode of every
 // worker's push into the sum and its encode of the sum with error feedback, and a

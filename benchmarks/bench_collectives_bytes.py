@@ -6,7 +6,7 @@ size, every worker measures the bytes its data-plane sockets sent and received d
 op (the core's counters, ``data_path_stats()``: frame headers included, nothing computed
 from a formula) and the op's wall time; the same processes then time Gloo's op on the same
 tensor. Prints, per op, the worst worker's bytes against the parameter-server minimum
-(docs/architecture.md, "Bytes on the wire"), all workers' bytes against the peer-to-peer
+(docs/design/architecture.md, "Bytes on the wire"), all workers' bytes against the peer-to-peer
 minimum (what a worker-to-worker design such as Gloo's ring must move at least), and the
 fastps/Gloo time ratio; medians of
 ``--reps`` repetitions. Shared memory is off by default (``--shm`` turns it on), so every

@@ -30,7 +30,7 @@ seconds). ``--plot PATH`` draws the seconds per iteration of every row.
     python -m benchmarks.bench_compression --plot-only --plot compression.png   # from --out
     python -m benchmarks.bench_compression --digits     # accuracy of the digits example
 
-Needs root (network namespaces). Writes docs/rack-results/compression.csv.
+Needs root (network namespaces). Writes docs/results/compression.csv.
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ DIGITS_SPECS = [
     "topk:0.01:ef",
     "randomk:0.01:ef",
     # DGC's sparsity warm-up over half of the default 30 epochs' 1,260 rounds
-    # (docs/compression.md, "Sparsity warm-up").
+    # (docs/guide/compression.md, "Sparsity warm-up").
     "randomk:0.01:ef:warmup=630",
     "dithering:16:ef",
     "topk:0.01",
@@ -476,7 +476,7 @@ DIGITS_SPECS = [
 
 def digits(args: argparse.Namespace) -> int:
     """Final test accuracy of examples/torch/train_digits.py (2 workers, one host) with
-    each compressor, seeds fixed; writes docs/rack-results/compression_digits.csv."""
+    each compressor, seeds fixed; writes docs/results/compression_digits.csv."""
     import re
     import subprocess
 

@@ -1,4 +1,4 @@
-"""Time to accuracy per gradient compressor against uncompressed (issue 18, item 4).
+"""Time to accuracy per gradient compressor against uncompressed (docs/results/compression.md).
 
 For every task (``digits``: examples/torch/train_digits.py exactly; ``cifar``: a
 CIFAR-shaped synthetic task, benchmarks/compression_tasks.py), compressor and seed, 2
@@ -21,10 +21,10 @@ accuracy), and that time's ratio to uncompressed's; megabytes sent per worker pe
 
 On one host the link is loopback: the time to accuracy measures what each codec costs in
 CPU (compress, decompress-sum-recompress on the server) next to the training itself, not
-the bandwidth it saves (docs/benchmarks.md §19 measures that on the emulated rack).
+the bandwidth it saves (docs/results/compression.md measures that on the emulated rack).
 
 A spec's ``warmup=half`` (``randomk:0.01:ef:warmup=half``) is this benchmark's shorthand
-for a sparsity warm-up over the first half of the run's rounds (docs/compression.md,
+for a sparsity warm-up over the first half of the run's rounds (docs/guide/compression.md,
 "Sparsity warm-up"); the workers resolve it from the task's rounds.
 """
 

@@ -1,5 +1,5 @@
 """Recovery after a summation server is SIGKILLed, or a server joins, on loopback, with
-FASTPS_ELASTIC_SERVERS=1 (no rollback: docs/elastic.md).
+FASTPS_ELASTIC_SERVERS=1 (no rollback: docs/guide/elastic.md).
 
 Runs ``fastpsrun -np W --num-servers S`` on ``tests/elastic/train_servers.py`` (numpy
 gradients of 350k float32 through ``fastps.api``); at step 10 rank 0 SIGKILLs server 1

@@ -1,6 +1,6 @@
 """Time per iteration and time-to-accuracy with one worker slower: synchronous, quorum rounds
 (n-1), async with staleness s in {1, 4} and unbounded, against PyTorch DDP (Gloo), in the
-same run (docs/async.md, docs/benchmarks.md "Stragglers").
+same run (docs/guide/async.md, docs/results/stragglers.md).
 
 A step's compute is emulated by a sleep (``--compute-ms``), so the numbers measure what the
 synchronisation scheme makes the fast workers wait, not how the loaded CPU happens to share
@@ -144,7 +144,7 @@ def build_training(args: argparse.Namespace, size: int, asynchronous: bool) -> T
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
     model = build_model(DIGITS_FEATURES, args.width)
     # Synchronous rounds: one step on the mean of n gradients, at lr * n. Async: every worker
-    # steps on its own gradient at lr, n steps per "round" (docs/async.md, learning rate).
+    # steps on its own gradient at lr, n steps per "round" (docs/guide/async.md, learning rate).
     lr = args.lr if asynchronous else args.lr * size
     return model, torch.optim.Adam(model.parameters(), lr=lr)
 
@@ -174,7 +174,7 @@ def train_loop(
     copying = 0.0
 
     # Rounds applied, not steps made: under quorum rounds a slow worker catches up on the
-    # rounds that closed without it, several in one step (docs/async.md, "Catch-up"), and
+    # rounds that closed without it, several in one step (docs/guide/async.md, "Catch-up"), and
     # every worker must stop after the same round.
     def applied(steps: int) -> int:
         return int(getattr(optimizer, "applied_rounds", steps))
@@ -343,7 +343,7 @@ class LoopbackRunner:
     def fastps(self, mode: str, slow: float, env: Dict[str, str]) -> Results:
         # FASTPS_SHM=0: every worker pushes to the servers over TCP, as workers on separate
         # machines do; with shared memory the workers of one host sum locally first, and that
-        # local sum waits for every worker of the host (quorum counts hosts: docs/async.md).
+        # local sum waits for every worker of the host (quorum counts hosts: docs/guide/async.md).
         args = self.args
         run_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", FASTPS_SHM="0")
         run_env.update(env)
@@ -458,7 +458,7 @@ Config = Tuple[str, str, str, float, Dict[str, str]]  # name, variant, system, s
 
 def configurations(args: argparse.Namespace) -> List[Config]:
     n, s = args.np, args.slow_factor
-    # its loop counts applied rounds, so a straggler may catch up (docs/async.md)
+    # its loop counts applied rounds, so a straggler may catch up (docs/guide/async.md)
     q = {"FASTPS_ROUND_QUORUM": str(n - 1), "FASTPS_QUORUM_CATCH_UP": "1"}
     out: List[Config] = [
         ("sync-no-straggler", "none", "sync", 1.0, {}),

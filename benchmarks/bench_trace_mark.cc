@@ -2,7 +2,7 @@
 // thread CPU time (a shared machine's load would otherwise count other processes' time):
 //   g++ -O2 -std=c++17 -Icsrc benchmarks/bench_trace_mark.cc csrc/common/trace.cc
 //       -lpthread -o /tmp/bench_trace_mark && /tmp/bench_trace_mark
-// A part passes 6-9 marks on a worker and 4-6 on a server (docs/timeline.md).
+// A part passes 6-9 marks on a worker and 4-6 on a server (docs/guide/timeline.md).
 #include <time.h>
 
 #include <cstdio>

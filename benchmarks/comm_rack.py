@@ -14,19 +14,19 @@ same rack:
   for it: it is measured once per n and shown at every k;
 - MXNet: the dist_sync KVStore (ps-lite) with its scheduler and servers where fastps has
   them; push + pull of every key, no optimizer on the servers (they store the sum);
-- Horovod 0.28.1 does not build against torch 2.13 (docs/peers.md), so it is not a peer.
+- Horovod 0.28.1 does not build against torch 2.13 (docs/design/peers.md), so it is not a peer.
 
 Reported per row: seconds per synchronisation (median over iterations of the slowest
 worker), goodput (model bytes / time, the metric of BytePS Fig. 12) and the fraction of the
-optimum of docs/design.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both with B measured on the rack
-(``measure_throughput``, one TCP stream) and with B = 0.956 x rate. Every result is checked:
-each worker fills its tensors with rank + 1, so every element must come back n(n+1)/2.
+optimum of docs/design/rationale.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both with B measured
+on the rack (``measure_throughput``, one TCP stream) and with B = 0.956 x rate. Every result is
+checked: each worker fills its tensors with rank + 1, so every element must come back n(n+1)/2.
 
     python -m benchmarks.comm_rack                                # ResNet-50, n=4, k=0,1,2,4
     python -m benchmarks.comm_rack --models resnet50 vgg16 --iters 3 --warmup 1
     python -m benchmarks.comm_rack --models vgg16 --scale 0.25    # a quarter of every tensor
 
-Needs root (network namespaces). Writes docs/rack-results/comm.csv (provenance in the
+Needs root (network namespaces). Writes docs/results/comm.csv (provenance in the
 ``#`` header lines).
 """
 

@@ -9,11 +9,11 @@ worker sums a model's float32 gradient set (benchmarks/rack_common.py shapes, sc
 checked (each worker fills rank + 1; every element must come back n(n+1)/2).
 
 - hier: every process has FASTPS_RACK (from the rack), so parts are summed in their rack
-  first and one copy per rack crosses the uplink (docs/rack-hierarchy.md);
+  first and one copy per rack crosses the uplink (docs/guide/rack-hierarchy.md);
 - flat: FASTPS_RACK is empty, every worker pushes to every owner across the uplinks.
 
 The bounds are core/placement.py's hierarchy_bound and flat_bound with the links' goodput
-(0.956 x the shaped rate, docs/rack.md). Prints a table; needs root. ``--linkstats DIR``
+(0.956 x the shaped rate, docs/design/rack.md). Prints a table; needs root. ``--linkstats DIR``
 samples every host link and uplink (benchmarks/rack/linkstat.py, 20 ms) and prints each
 link's bytes per timed iteration and how busy it was.
 
@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
 
 from benchmarks import rack_common as rc  # noqa: E402
 
-# One TCP stream's goodput over an HTB-shaped link, as a fraction of the rate (docs/rack.md).
+# One TCP stream's goodput over an HTB-shaped link, as a fraction of the rate (docs/design/rack.md).
 GOODPUT = 0.956
 
 

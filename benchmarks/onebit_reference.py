@@ -1,6 +1,6 @@
 """Onebit with error feedback on the CIFAR-like task, simulated in one process.
 
-A reference for docs/benchmarks.md §19 ("Time to accuracy per compressor"): the training
+A reference for docs/results/compression.md ("Time to accuracy per compressor"): the training
 of ``benchmarks/bench_compression_accuracy.py --tasks cifar`` (same data, model, seed
 order, sharding, Adam) for 2 simulated workers, with the gradients averaged by a torch
 re-implementation of fastps's onebit instead of fastps, so the algorithm can be told

@@ -3,13 +3,13 @@
 One column per model; the top row is each system's fraction of the ideal per-iteration
 time max(C, communication bound at k) against the number of CPU hosts k, the bottom row
 its speedup over DDP-Gloo at the same ratio. Colour = system, marker and line style =
-compute-to-communication ratio. The issue-14 targets are drawn as dashed lines (0.9 of the
+compute-to-communication ratio. The training-speed targets are drawn as dashed lines (0.9 of the
 ideal; 1.25x DDP). Several CSVs (one per model block) go into one figure; a row that did
 not finish (status other than "ok") is left out; repeated runs of a cell (``--repeats``)
 are drawn as their median.
 
-    python -m benchmarks.plot_emulated docs/rack-results/emulated-issue14-*.csv \
-        --out docs/rack-results/emulated-issue14.png
+    python -m benchmarks.plot_emulated docs/results/emulated-issue14-*.csv \
+        --out docs/results/emulated-issue14.png
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def plot(rows: Sequence[Dict[str, str]], footers: Sequence[str], out: Path) -> N
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv", nargs="+", type=Path, help="train_emulated CSVs")
-    p.add_argument("--out", type=Path, default=Path("docs/rack-results/emulated-issue14.png"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/emulated-issue14.png"))
     args = p.parse_args(argv)
     rows, footers = load(args.csv)
     plot(rows, footers, args.out)

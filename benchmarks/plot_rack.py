@@ -1,15 +1,15 @@
-"""Plots of the rack benchmarks: docs/rack-results/comm.png and train.png.
+"""Plots of the rack benchmarks: docs/results/comm.png and train.png.
 
 - comm.png: communication goodput (model bytes / synchronisation time) against the number
-  of CPU machines k, one line per system (fastps, Gloo, MXNet KVStore),
-  with the optimum of docs/design.md (BytePS Eq. 6 at the measured link goodput) drawn as a
-  dashed line; one panel per model in comm.csv.
+  of CPU machines k, one line per system (fastps, Gloo, MXNet KVStore), with the optimum
+  of docs/design/rationale.md (BytePS Eq. 6 at the measured link goodput) drawn as a dashed
+  line; one panel per model in comm.csv.
 - train.png: training samples/s against the per-host bandwidth, one line per system, with
   the linear-scaling ceiling (4 x one worker alone) and the CPU ceiling (4 workers at once,
   no synchronisation) as horizontal lines; one panel per model in train.csv.
 
-    python -m benchmarks.plot_rack [--comm docs/rack-results/comm.csv]
-                                   [--train docs/rack-results/train.csv]
+    python -m benchmarks.plot_rack [--comm docs/results/comm.csv]
+                                   [--train docs/results/train.csv]
 """
 
 from __future__ import annotations

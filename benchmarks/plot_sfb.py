@@ -1,4 +1,4 @@
-"""Plots docs/rack-results/sfb-rebuild.csv (benchmarks/sfb_rack.py) as docs/rack-results/sfb.png:
+"""Plots docs/results/sfb-rebuild.csv (benchmarks/sfb_rack.py) as docs/results/sfb.png:
 bytes per host and step, and the wait after backward split into network and rebuild.
 
     python -m benchmarks.plot_sfb
@@ -21,7 +21,7 @@ def main() -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = rc.REPO / "docs" / "rack-results"
+    results = rc.REPO / "docs" / "results"
     _, rows = rc.read_csv(results / "sfb-rebuild.csv")
     rows = [r for r in rows if r["model"] == "vgg16fc" and r["status"] == "ok"]
     if not rows:

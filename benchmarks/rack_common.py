@@ -1,7 +1,7 @@
 """Shared pieces of the emulated-rack benchmarks (comm_rack.py, train_rack.py, plot_rack.py).
 
 - gradient sets of real models (VGG-16, ResNet-50) as (name, shape) lists, in forward order;
-- the performance model of docs/design.md (BytePS Eq. 6 and ring all-reduce);
+- the performance model of docs/design/rationale.md (BytePS Eq. 6 and ring all-reduce);
 - starting fastps (scheduler, servers, workers), torch.distributed Gloo and MXNet's
   dist_sync KVStore on the hosts of a :class:`benchmarks.rack.Rack`, and the Gloo peer's
   own start from its environment (:func:`init_gloo_from_env`, also used on loopback);
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "docs" / "rack-results"
+RESULTS_DIR = REPO / "docs" / "results"
 RESULT_TAG = "RESULT "
 
 # One TCP stream at MTU 1500 carries 1448 payload bytes per 1514-byte frame on the wire
-# (docs/rack.md): the goodput ceiling of a link shaped at `rate`.
+# (docs/design/rack.md): the goodput ceiling of a link shaped at `rate`.
 GOODPUT_FACTOR = 0.956
 
 Shape = Tuple[int, ...]

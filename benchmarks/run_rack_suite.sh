@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The emulated-rack benchmark suite, end to end on a fresh machine (root, Linux, 2+ cores):
-#   docs/rack-results/comm.csv + comm.png   communication: fastps vs Gloo vs MXNet KVStore
-#   docs/rack-results/train.csv + train.png training: fastps k=0/2 vs DDP-Gloo vs linear
+#   docs/results/comm.csv + comm.png   communication: fastps vs Gloo vs MXNet KVStore
+#   docs/results/train.csv + train.png training: fastps k=0/2 vs DDP-Gloo vs linear
 # About 20-25 minutes on the 2-core dev box. Every run has a hard time bound.
 #
 # Usage: sudo benchmarks/run_rack_suite.sh [--quick]
 #   --quick   a few minutes: ResNet-50 at 1/4 size, one training rate, fewer steps
 # Environment: PYTHON (default python3), RACK_PREFIX (default fpsr), OUT_DIR
-# (default docs/rack-results).
+# (default docs/results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PREFIX=${RACK_PREFIX:-fpsr}
-OUT_DIR=${OUT_DIR:-docs/rack-results}
+OUT_DIR=${OUT_DIR:-docs/results}
 QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
 

@@ -20,7 +20,7 @@ its co-located server included). Every worker checks that all end with the same 
     python -m benchmarks.sfb_rack                       # both models, 1 Gbit/s
     python -m benchmarks.sfb_rack --models vgg16fc --steps 3 --warmup 1
 
-Needs root. Writes docs/rack-results/sfb.csv.
+Needs root. Writes docs/results/sfb.csv.
 """
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=900.0)
     p.add_argument("--base-port", type=int, default=29300)
     p.add_argument("--prefix", default="fpsfb")
-    p.add_argument("--out", type=Path, default=rc.REPO / "docs" / "rack-results" / "sfb.csv")
+    p.add_argument("--out", type=Path, default=rc.REPO / "docs" / "results" / "sfb.csv")
     p.add_argument("--child", choices=["fastps", "ddp"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--op-timeout", type=float, default=900.0, help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """The digits example's training with sparsified gradients, simulated in one process.
 
-A reference for issue 18's random-k question (docs/benchmarks.md §19): it runs exactly
+A reference for why random-k falls short of uncompressed accuracy (docs/results/compression.md,
+docs/guide/compression.md "Random-k and the optimizer"): it runs exactly
 the data order, sharding, model and optimizer of examples/torch/train_digits.py for
 ``--workers`` simulated workers, but averages their gradients with a numpy/torch
 re-implementation of the compressors instead of fastps, so the algorithm can be told

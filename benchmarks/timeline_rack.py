@@ -1,4 +1,4 @@
-"""One merged timeline of a job on the emulated rack (docs/timeline.md, "On the rack").
+"""One merged timeline of a job on the emulated rack (docs/guide/timeline.md, "On the rack").
 
 Builds a rack of ``--workers`` worker hosts and ``--servers`` CPU hosts (prefix
 ``--prefix``), runs a fastps job on it through the rack runner (``rack_common.start_fastps``:

@@ -20,7 +20,7 @@ the fraction of the ideal and the speedup over DDP. ``--ratios``: compute = rati
 communication bound at k=0 (``ref``: the V100 time x10). On ``--network loopback`` nothing
 limits the links, so the ideal is C. ``--timeline-pairs P`` runs each fastps system P times
 with the timeline off and P times on (``FASTPS_TIMELINE``, merged after each run), in the
-order off-on, on-off, ..., for the timeline's cost (docs/benchmarks.md §11).
+order off-on, on-off, ..., for the timeline's cost (docs/results/timeline-overhead.md).
 
 One set of processes (rack namespaces' workers, servers and scheduler) makes every run of
 a model that it can: compute alone at every ratio, fastps at one k for every ratio and
@@ -31,7 +31,7 @@ a fresh process would. ``--fresh-processes`` starts a set per run instead.
     python -m benchmarks.train_emulated --models resnet50 --ratios 1 -k 0 2   # rack, root
     python -m benchmarks.train_emulated --ratios 1 --systems fastps-cb --timeline-pairs 3
 
-``--stalls``: the flatness check (issue 14): 1,000 timed iterations by default (``--steps``),
+``--stalls``: the flatness check: 1,000 timed iterations by default (``--steps``),
 each split into zero_grad / forward / backward / step; prints p50, p99 and the maximum of
 each phase and of the iteration, the slowest iterations with the phase that took the time
 and every garbage collection of generation 2, whether p99 <= 1.2 x p50, and what the
@@ -1006,7 +1006,7 @@ RUN_OVERHEAD_S = 45.0
 # 16 runs in 4 sets, took about 4 min at load 18, iterations and rack set-up included)
 RUN_SWITCH_S = 3.0
 # and how far below a perfect scheduler's period the runs were (fraction of the ideal
-# measured 0.65-0.88, docs/benchmarks.md §9): the estimate divides the period by this.
+# measured 0.65-0.88, docs/results/emulator.md): the estimate divides the period by this.
 ESTIMATE_EFFICIENCY = 0.75
 
 
@@ -1077,7 +1077,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     runner = Runner(args)
     runner.meta = rc.provenance()
     runner.meta["compute"] = (
-        "emulated (benchmarks/emulator): per-layer sleeps; V100 reference x10 (docs/benchmarks.md)"
+        "emulated (benchmarks/emulator): per-layer sleeps; "
+        "V100 reference x10 (docs/results/emulator.md)"
     )
     t0 = time.monotonic()
     if args.network == "loopback":

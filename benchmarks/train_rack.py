@@ -26,7 +26,7 @@ Throughput is n x batch x steps / the slowest worker's time for ``--steps`` step
     python -m benchmarks.train_rack                         # vgg + resnet, 1, 2.5, 5 Gbit/s
     python -m benchmarks.train_rack --models vgg --rates 1000 --steps 5
 
-Needs root. Writes docs/rack-results/train.csv.
+Needs root. Writes docs/results/train.csv.
 """
 
 from __future__ import annotations

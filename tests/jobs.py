@@ -21,7 +21,7 @@ from fastps.control.scheduler import Scheduler
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
 
-# The data paths a part can take (docs/architecture.md), each laid out with emulated hosts
+# The data paths a part can take (docs/design/architecture.md), each laid out with emulated hosts
 # (FASTPS_HOSTNAME per process): path -> f(n workers, k servers) = (FASTPS_SHM, worker
 # hosts, server hosts). Tests parameterised over them run their matrix on every path.
 DATA_PATHS: Dict[str, Callable[[int, int], Tuple[str, List[str], List[str]]]] = {

@@ -1,5 +1,5 @@
 """Runs a digits example (examples/<framework>/) as its users launch it, with or without
-quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md), on one of tests/jobs.py's data paths;
+quorum rounds (FASTPS_ROUND_QUORUM, docs/guide/async.md), on one of tests/jobs.py's data paths;
 returns rank 0's test accuracy. Shared by the torch, TensorFlow and MXNet quorum tests,
 which check that a fixed-length training loop, the loop every Horovod script has, trains
 under quorum rounds as it does without them (a worker that caught up on rounds used to end

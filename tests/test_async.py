@@ -1,4 +1,4 @@
-"""Async mode (FASTPS_MODE=async, docs/async.md) with real servers: rank 0's parameters
+"""Async mode (FASTPS_MODE=async, docs/guide/async.md) with real servers: rank 0's parameters
 reach every worker through the servers, updates are applied exactly once, a read after the
 last update returns every worker's deltas (a checkpoint from any worker), and the
 staleness bound: with one worker slowed, the fast ones run s updates ahead of it without

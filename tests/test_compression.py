@@ -1,4 +1,4 @@
-"""Gradient compression through real servers (docs/compression.md): every codec's sum
+"""Gradient compression through real servers (docs/guide/compression.md): every codec's sum
 against the decompress-sum-recompress reference on several data paths and dtypes, error
 feedback converging over a fixed sequence, and compressor mismatches refused naming both
 settings (tests/workers/compression_worker.py does the checking). The codecs alone

@@ -1,7 +1,8 @@
-"""An op given up just as its gather completes (issue 13's reducescatter stall under load):
-the rank that withdrew still moves its data, so the others' op finishes instead of waiting
-forever for its parts; a push_pull dropped unfinished blocks no thread and is released
-once the core finished it (``tests/workers/late_completion_worker.py``)."""
+"""An op given up just as its gather completes (the reducescatter stall of Horovod's own test
+files under load, docs/reference/horovod-compat.md): the rank that withdrew still moves its
+data, so the others' op finishes instead of waiting forever for its parts; a push_pull dropped
+unfinished blocks no thread and is released once the core finished it
+(``tests/workers/late_completion_worker.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) with real servers and workers: one
+"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/guide/async.md) with real servers and workers: one
 worker delayed by 500 ms; the others never wait for it, every result is the exact sum over
 the workers its round counted (scaled by n/k), every worker (the late one included) gets
 the same bytes, and a worker may lag only FASTPS_QUORUM_HISTORY rounds

@@ -3,7 +3,7 @@ cleanly. The straggler still has late answers in flight when it shuts down; clos
 sockets with them unread used to reset the connections, lose its bye, and fail the server
 ("worker 3 ... disconnected from server 0: receive failed: Connection reset by peer").
 
-Rack prefix ``fpsq`` (docs/rack.md lists the others).
+Rack prefix ``fpsq`` (docs/design/rack.md lists the others).
 """
 
 from __future__ import annotations

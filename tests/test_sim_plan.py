@@ -12,11 +12,11 @@ import pytest
 from fastps import plan
 from fastps.errors import FastPSError
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "design" / "simulator.md"
 
 
 def documented_questions() -> list:
-    """The planner commands of docs/simulator.md ("Planning a job"), as argument lists."""
+    """The planner commands of docs/design/simulator.md ("Planning a job"), as argument lists."""
     text = DOCS.read_text()
     block = text.split("## Planning a job", 1)[1].split("```", 2)[1]
     return [
@@ -101,7 +101,7 @@ def test_documented_questions_are_found() -> None:
 @pytest.mark.parametrize("question", documented_questions(), ids=lambda q: " ".join(q[1:6:2]))
 def test_documented_question_answers(question: list, tmp_path: Path) -> None:
     # Every example of the docs runs to a recommendation. The timeout only catches a hang
-    # (the timed answers, under 10 s of CPU each, are in docs/benchmarks.md section 15).
+    # (the timed answers, under 10 s of CPU each, are in docs/results/simulator.md).
     q = [tmp_path / "plan.png" if a == "plan.png" else a for a in question]
     out = subprocess.run(
         [sys.executable, "-m", "fastps.plan", *map(str, q)],

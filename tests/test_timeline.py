@@ -1,4 +1,4 @@
-"""The job's timeline (docs/timeline.md), with real processes: fastpsrun writes one
+"""The job's timeline (docs/guide/timeline.md), with real processes: fastpsrun writes one
 merged trace that a Chrome-trace checker accepts; spans nest and are ordered; every part
 of every round appears exactly once per stage on every process, on every data path; the
 summary names an injected straggler and agrees with the job's own timing."""

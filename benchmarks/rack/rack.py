@@ -23,7 +23,7 @@ host-side ``eth0`` (the host's egress) and another on the switch-side port (the 
 ingress).  Optional netem delay/loss sits under the host-side class only, so the one-way
 host-to-host latency is ``delay_ms`` and the loss per path is ``loss_pct``.
 
-See docs/rack.md for usage and caveats.
+See docs/design/rack.md for usage and caveats.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ PYBIND11_MODULE(_core, m) {
       out.emplace_back(s.index, s.offset, s.len, s.server);
     return out;
   });
-  // The compressors on their own (docs/compression.md), for tests and tools: the same
+  // The compressors on their own (docs/guide/compression.md), for tests and tools: the same
   // encoding a worker pushes and a server answers with.
   m.def(
       "compression_spec",
@@ -286,8 +286,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("compression") = "",
           "Starts summing nbytes at in_ptr over the workers into out_ptr. Routed (pushers > "
           "0 workers push each part): send=False only receives the result, receive=False "
-          "only contributes (docs/architecture.md, \"Bytes on the wire\"). compression: a "
-          "compressor spec such as \"topk:0.01:ef\" (docs/compression.md); empty: none.")
+          "only contributes (docs/design/architecture.md, \"Bytes on the wire\"). compression: a "
+          "compressor spec such as \"topk:0.01:ef\" (docs/guide/compression.md); empty: none.")
       .def(
           "push_pull_group",
           [](Worker& w, const std::vector<py::tuple>& rows) {

@@ -1,4 +1,4 @@
-// Gradient compressors (docs/compression.md): the interface every codec implements, the
+// Gradient compressors (docs/guide/compression.md): the interface every codec implements, the
 // settings a tensor is compressed with, and the header that opens every compressed
 // payload on the wire. Codecs work on float32 values; compression/convert turns the
 // tensor's own dtype into float32 and back. Nothing here knows about sockets or servers.

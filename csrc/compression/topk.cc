@@ -2,7 +2,7 @@
 // Compression"): the k values of largest magnitude travel with their indices (uint32
 // index, float32 value each), the rest is dropped (and carried over by error feedback).
 //
-// Selection without a sort of the part (docs/compression.md, "Top-k"): magnitudes are
+// Selection without a sort of the part (docs/guide/compression.md, "Top-k"): magnitudes are
 // compared as integer keys; a threshold taken from an even sample of them lets one
 // vectorised pass keep only about 2k candidates, and the k-th largest is selected among
 // those. A sparse part (a server's sum of sparse pushes: its sample is mostly zeros)

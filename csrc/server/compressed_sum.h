@@ -1,4 +1,4 @@
-// The server's side of gradient compression (docs/compression.md): the compressed pushes
+// The server's side of gradient compression (docs/guide/compression.md): the compressed pushes
 // of a part's round are decoded into one float32 sum, the sum is compressed again (with
 // the server's own error feedback when the pushers asked for it: two-way compression)
 // and every pusher gets that as its answer. Owned by one SumEngine, on its thread, so

@@ -430,7 +430,7 @@ void SumEngine::answer_late(PushWork& w) {
   }
   // Dropped: the round's sum went out without it; the sender gets the same bytes, and in
   // pushers how many rounds closed after this one, so it can fetch them and catch up
-  // (docs/async.md, "Catch-up"). The open round is st.round: st.round - 1 closed last.
+  // (docs/guide/async.md, "Catch-up"). The open round is st.round: st.round - 1 closed last.
   KeyState& st = keys_[key];
   FrameHeader r = h;
   r.type = static_cast<uint8_t>(MsgType::kResult);

@@ -30,7 +30,7 @@
 
 namespace fastps {
 
-// Beyond lock-step (docs/async.md): quorum rounds and the async parameter store.
+// Beyond lock-step (docs/guide/async.md): quorum rounds and the async parameter store.
 struct EngineRules {
   uint32_t quorum = 0;          // FASTPS_ROUND_QUORUM as a count (0: unset)
   double quorum_fraction = 0;   // ... or as a fraction of the pushers (0: unset)
@@ -144,7 +144,7 @@ class SumEngine {
   bool nudge_;
   // Per worker rank, the connection of its last push (never a rack relay's).
   std::vector<std::weak_ptr<Connection>> conn_of_rank_;
-  CompressedSum compressed_;  // compressed parts' rounds (docs/compression.md)
+  CompressedSum compressed_;  // compressed parts' rounds (docs/guide/compression.md)
   RackRelay* relay_ = nullptr;
   std::function<void(const std::string&)> fatal_;
   std::unordered_map<uint64_t, PendingRelay> relays_;

@@ -20,10 +20,10 @@ struct ServerOptions {
   double handshake_timeout_s = 0;
   // Handshakes under way at once; past it the oldest is turned away (busy).
   int max_pending_handshakes = 0;
-  // Elastic servers (docs/elastic.md): a worker's data-plane connection may close without
+  // Elastic servers (docs/guide/elastic.md): a worker's data-plane connection may close without
   // a bye when it moves to a new set of servers; its death is the scheduler's to report.
   bool worker_may_reconnect = false;
-  // Beyond lock-step (docs/async.md). Quorum rounds: close a round once this many pushes
+  // Beyond lock-step (docs/guide/async.md). Quorum rounds: close a round once this many pushes
   // (or this fraction of the pushers) are in; 0: every pusher. Closed rounds kept for late
   // pushers. Async mode: how many updates a worker may run ahead of the slowest (< 0: any).
   uint32_t round_quorum = 0;

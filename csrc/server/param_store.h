@@ -1,4 +1,4 @@
-// Asynchronous mode (docs/async.md, BytePS §5): the server keeps each parameter part.
+// Asynchronous mode (docs/guide/async.md, BytePS §5): the server keeps each parameter part.
 // Rank 0 sets its value (kFlagAsyncInit with data; the other workers' init pushes carry no
 // data and receive that value). A worker's update (kFlagAsync) is the delta its local
 // optimizer step made; the server adds it and answers with the current parameters, so one

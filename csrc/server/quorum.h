@@ -1,4 +1,4 @@
-// Straggler-tolerant rounds (docs/async.md): with FASTPS_ROUND_QUORUM = k, a server closes
+// Straggler-tolerant rounds (docs/guide/async.md): with FASTPS_ROUND_QUORUM = k, a server closes
 // a part's round once k of its n pushers are in, instead of all n, and answers with the sum
 // scaled by n/k (so a worker's usual division by n yields the mean over the k counted).
 // A push of a round that already closed (a late one) is dropped: its sender gets the very

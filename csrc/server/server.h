@@ -29,7 +29,7 @@ class Server : public FrameHandler, public SlotSpace {
   // "" while healthy; otherwise why the job cannot go on (a worker vanished).
   std::string error() const;
   uint64_t parts_summed() const;
-  // Quorum rounds: pushes answered after their round closed without them (docs/async.md).
+  // Quorum rounds: pushes answered after their round closed without them (docs/guide/async.md).
   uint64_t late_pushes() const;
   // ... and catch-up fetches of closed rounds, answered from the history.
   uint64_t fetched_rounds() const;

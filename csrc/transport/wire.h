@@ -31,7 +31,7 @@ constexpr uint16_t kFlagShm = 1;  // the part lies in shared memory; no payload 
 // and want no result back (kFlagNoReply: answered by a header with len 0).
 constexpr uint16_t kFlagNoData = 2;
 constexpr uint16_t kFlagNoReply = 4;
-// Beyond lock-step (docs/async.md): a plain sum push whose round the server may close
+// Beyond lock-step (docs/guide/async.md): a plain sum push whose round the server may close
 // once FASTPS_ROUND_QUORUM pushes are in (kFlagQuorum); an update to a parameter part the
 // server keeps (kFlagAsync: payload is a delta, answered with the current parameters;
 // with kFlagNoData a read of them); the part's initial value from rank 0 (kFlagAsyncInit;

@@ -16,7 +16,7 @@
 
 namespace fastps {
 
-// What a push asks of the server: a plain sum, or (docs/async.md) an update of the
+// What a push asks of the server: a plain sum, or (docs/guide/async.md) an update of the
 // parameters it keeps, their initial value from rank 0, or a read of them; or, under quorum
 // rounds, a catch-up fetch: the sum of the tensor's next round, which closed without this
 // worker, from the servers' history (want-only, nothing counted; the round still counts

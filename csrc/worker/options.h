@@ -44,7 +44,7 @@ struct WorkerOptions {
   // most partition_bytes); 0: off.
   size_t fusion_threshold = 0;
   bool shm = false;
-  // FASTPS_ROUND_QUORUM is set: plain sums are pushed as quorum rounds (docs/async.md).
+  // FASTPS_ROUND_QUORUM is set: plain sums are pushed as quorum rounds (docs/guide/async.md).
   bool quorum = false;
   size_t shm_bytes = 0;
   // Rack-level hierarchy (server/rack_relay.h, core/placement.py rack_plan), per server

@@ -444,7 +444,7 @@ void Worker::send_fetch(const PartTask& t, const Link& link) {
   uint32_t server = t.span.server;
   size_t len = t.span.len;
   // The plain sum's header, want-only: the server answers from its history of closed
-  // rounds and counts nothing (docs/async.md, "Catch-up").
+  // rounds and counts nothing (docs/guide/async.md, "Catch-up").
   FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
   hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
   hdr.flags |= kFlagQuorum | kFlagNoData;
@@ -701,7 +701,7 @@ void Worker::on_result(Connection* c, const FrameHeader& h, void* payload) {
   PartTask t;
   if (!parts_.take(part_key(h.tensor, h.part), &t)) return;
   trace::mark(trace::Mark::kResult, h.tensor, h.part, h.sender, h.len);
-  // A quorum round's answer says how many rounds closed after it (docs/async.md). With a
+  // A quorum round's answer says how many rounds closed after it (docs/guide/async.md). With a
   // local sum the host pushed, not this worker: its peers never hear it, so nobody acts.
   if (opts_.quorum && !local_reduce_ && !t.handle->routed()) t.handle->note_lag(h.pushers);
   if (t.in_flight) scheduler_.answered(t.ticket());

@@ -48,15 +48,15 @@ struct PushPullRequest {
   std::string name;
   int priority = 0;
   double scale = 1.0;
-  // Routing (docs/architecture.md, "Bytes on the wire"): send = false pushes no data and
+  // Routing (docs/design/architecture.md, "Bytes on the wire"): send = false pushes no data and
   // only receives the result into out; receive = false pushes in and wants no result;
   // pushers = how many workers push each part (0: all, the plain sum). A routed
   // push_pull goes straight to the servers (no local reduce, no staging slot).
   bool send = true;
   bool receive = true;
   uint32_t pushers = 0;
-  PushMode mode = PushMode::kSum;  // async modes: docs/async.md
-  // Gradient compression (docs/compression.md): each part is compressed before the push
+  PushMode mode = PushMode::kSum;  // async modes: docs/guide/async.md
+  // Gradient compression (docs/guide/compression.md): each part is compressed before the push
   // and the server's compressed sum decoded into out. A compressed push_pull goes
   // straight to the servers, as a routed one does; float dtypes only.
   CompressionSpec compression{};

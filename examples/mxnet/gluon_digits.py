@@ -5,7 +5,7 @@ of the training set and the gradients are averaged over all workers each step.
 
     fastpsrun -np 2 python examples/mxnet/gluon_digits.py
 
-``--async`` (or FASTPS_MODE=async) trains asynchronously (docs/async.md): the servers keep
+``--async`` (or FASTPS_MODE=async) trains asynchronously (docs/guide/async.md): the servers keep
 the parameters, each worker applies its own steps and exchanges the deltas.
 
 Prints the test accuracy (rank 0) and exits with status 1 if it is below --min-accuracy.

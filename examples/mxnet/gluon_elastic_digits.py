@@ -1,5 +1,5 @@
 """Elastic Gluon training on scikit-learn's 8x8 digits: workers may die and join while it
-trains (docs/elastic.md).
+trains (docs/guide/elastic.md).
 
     fastpsrun -np 3 --min-np 1 --max-np 4 --host-discovery-script "echo localhost:4" \\
         python examples/mxnet/gluon_elastic_digits.py

@@ -5,7 +5,7 @@
 Compared with single-process Keras, only the import, the optimizer wrapper and the
 callbacks change. Each worker trains on its own shard of the training set; gradients are
 averaged over the workers every step. ``--async`` (or FASTPS_MODE=async) trains
-asynchronously (docs/async.md): the servers keep the parameters, each worker applies its
+asynchronously (docs/guide/async.md): the servers keep the parameters, each worker applies its
 own steps with the single-worker learning rate and exchanges the deltas. Prints the test
 accuracy (exit status 1 if it is below --target, 0.95 by default).
 """

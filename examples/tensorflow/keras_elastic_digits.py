@@ -1,5 +1,5 @@
 """Elastic Keras training on scikit-learn's 8x8 digits with model.fit: workers may die and
-join, and with FASTPS_ELASTIC_SERVERS=1 summation servers too (docs/elastic.md).
+join, and with FASTPS_ELASTIC_SERVERS=1 summation servers too (docs/guide/elastic.md).
 
     fastpsrun -np 2 --min-np 1 --max-np 4 --host-discovery-script "echo localhost:4" \\
         python examples/tensorflow/keras_elastic_digits.py

@@ -1,6 +1,6 @@
 """Elastic data-parallel training on scikit-learn's digits (8x8 images, 10 classes;
 bundled with scikit-learn, nothing is downloaded): workers may die and join, and with
-FASTPS_ELASTIC_SERVERS=1 summation servers too, while it trains (docs/elastic.md).
+FASTPS_ELASTIC_SERVERS=1 summation servers too, while it trains (docs/guide/elastic.md).
 
     fastpsrun -np 2 --min-np 1 --max-np 4 --host-discovery-script "echo localhost:4" \\
         python examples/torch/elastic_digits.py

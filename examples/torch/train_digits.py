@@ -9,7 +9,7 @@ counts are summed, so every rank prints the same test accuracy. The script exits
 status 1 if the accuracy is below ``--min-accuracy``. Written against Horovod's API: only
 the import line says fastps.
 
-``--async`` (or FASTPS_MODE=async) trains asynchronously (docs/async.md): the servers keep
+``--async`` (or FASTPS_MODE=async) trains asynchronously (docs/guide/async.md): the servers keep
 the parameters, each rank's optimizer steps on its own gradients and pushes the change;
 FASTPS_STALENESS=s bounds how far a rank may run ahead of the slowest. Each rank then makes its own
 steps at the per-rank learning rate instead of one step at ``lr * size`` per round.
@@ -82,7 +82,7 @@ def main() -> int:
     parser.add_argument(
         "--compression",
         default="",
-        help="a core compressor spec, e.g. onebit:ef or topk:0.01:ef (docs/compression.md)",
+        help="a core compressor spec, e.g. onebit:ef or topk:0.01:ef (docs/guide/compression.md)",
     )
     parser.add_argument("--backward-passes-per-step", type=int, default=1)
     parser.add_argument("--min-accuracy", type=float, default=0.95)

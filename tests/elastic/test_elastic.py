@@ -101,7 +101,7 @@ def test_killed_worker_training_finishes_smaller(tmp_path, subprocess_env):
 
 @pytest.mark.slow
 def test_async_training_survives_a_killed_worker(tmp_path, subprocess_env):
-    """Async mode (docs/async.md): the servers keep the parameters, and a membership change
+    """Async mode (docs/guide/async.md): the servers keep the parameters, and a membership change
     brings a generation with new servers, which hold none. The optimizer starts them again
     from rank 0's restored parameters at its first step in the new generation; before, every
     update of the new generation failed ("before rank 0 set its initial parameters") and the

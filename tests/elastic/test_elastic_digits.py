@@ -2,7 +2,7 @@
 on the job from outside: it SIGKILLs a worker, SIGKILLs a summation server
 (FASTPS_ELASTIC_SERVERS=1: its keys move, no rollback) and adds a worker through the
 discovery script. The run must end normally with the accuracy of an undisturbed run:
-0.9778 with 3 workers and 30 epochs, 0.97-0.98 from run to run (docs/elastic.md); the
+0.9778 with 3 workers and 30 epochs, 0.97-0.98 from run to run (docs/guide/elastic.md); the
 threshold is 0.95, the one the plain digits example's test uses."""
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def test_horovod_elastic_synthetic_benchmark(tmp_path, subprocess_env):
     three ways: a host added to the discovery output (2 -> 3 workers), that host removed
     (-> 2), a worker SIGKILLed (-> 1). The job ends normally on the one worker left; the
     time from each change to the next generation and to rank 0's next iteration is printed
-    (``pytest -s``), and the kill's recovery is bounded (goal of issue 16: < 10 s)."""
+    (``pytest -s``), and the kill's recovery is bounded (the elastic recovery goal: < 10 s)."""
     _need((EXAMPLE,), ())
     python, env = _vision_python(subprocess_env)
     hosts, script = discovery_script(tmp_path, "localhost:2")

@@ -121,7 +121,7 @@ def _kill_server(step: int) -> None:
 
 
 def _add_server(sid: int, step: int) -> subprocess.Popen:
-    """Starts a server by hand, as docs/elastic.md says, for the running generation."""
+    """Starts a server by hand, as docs/guide/elastic.md says, for the running generation."""
     base = os.environ["FASTPS_ELASTIC_JOB_ID"]
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastps-{base}-servers.env")
     env = dict(os.environ)

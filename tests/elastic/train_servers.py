@@ -139,7 +139,7 @@ def main() -> None:
                 os.kill(next(s.pid for s in st.membership.servers if s.id == sid), signal.SIGKILL)
         if rank == 0 and step in adds:
             env = {}
-            # fastpsrun's settings for servers started by hand (docs/elastic.md)
+            # fastpsrun's settings for servers started by hand (docs/guide/elastic.md)
             path = os.path.join(
                 os.environ.get("TMPDIR", "/tmp"),
                 f"fastps-{os.environ['FASTPS_JOB_ID']}-servers.env",

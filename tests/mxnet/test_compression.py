@@ -1,4 +1,4 @@
-"""The core's compressors through the MXNet plugin (docs/compression.md): allreduce against
+"""The core's compressors through the MXNet plugin (docs/guide/compression.md): allreduce against
 the codec's reference, error feedback over a fixed sequence of rounds, DistributedTrainer
 training with top-k, and mismatched settings named on every rank
 (workers/compression_worker.py)."""

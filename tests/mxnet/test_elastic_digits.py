@@ -3,7 +3,7 @@ under fastpsrun's elastic mode with 3 workers: undisturbed, and while the test S
 worker on slot ``localhost:1`` mid-training (the others restore their last commit and end
 the run on 2 workers). Both runs must reach the example's threshold, and the disturbed one
 must end within 1 point of the undisturbed one's accuracy (both are converged at 60
-epochs: docs/elastic.md has the numbers)."""
+epochs: docs/guide/elastic.md has the numbers)."""
 
 from __future__ import annotations
 

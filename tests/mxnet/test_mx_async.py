@@ -1,4 +1,4 @@
-"""Async mode and quorum rounds in the MXNet plugin (docs/async.md): the Gluon digits
+"""Async mode and quorum rounds in the MXNet plugin (docs/guide/async.md): the Gluon digits
 example trained with ``DistributedTrainer(async=True)`` reaches the synchronous accuracy
 (within 1 point) on the same samples; the servers' parameters are exactly every worker's
 deltas; quorum rounds through the trainer's gradient reduction are exact sums over the

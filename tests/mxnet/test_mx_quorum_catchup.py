@@ -1,4 +1,4 @@
-"""Quorum rounds with a Gluon worker that is slower for good (docs/async.md, "Catch-up"):
+"""Quorum rounds with a Gluon worker that is slower for good (docs/guide/async.md, "Catch-up"):
 ``fastps.mxnet.DistributedTrainer`` fetches the rounds that closed without it and applies
 them in turn, so its fast peers keep their own pace well past the 2·FASTPS_QUORUM_HISTORY
 rounds after which a straggler that applies one round per step would pace them; every

@@ -1,5 +1,5 @@
 """The Gluon digits example (a fixed number of epochs, as users write it) trains under
-quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) on every data path, to the accuracy it
+quorum rounds (FASTPS_ROUND_QUORUM, docs/guide/async.md) on every data path, to the accuracy it
 reaches without them (tests/quorum_examples.py runs it)."""
 
 from __future__ import annotations

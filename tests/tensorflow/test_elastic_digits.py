@@ -2,7 +2,7 @@
 test acts on the job from outside: it SIGKILLs a worker, then SIGKILLs a summation server
 (FASTPS_ELASTIC_SERVERS=1: its keys move, no rollback), then adds a slot to the discovery
 output, whose worker joins the others inside ``model.fit``. The run must end normally with
-the accuracy of an undisturbed run (0.9778 with 3 workers and 40 epochs, docs/elastic.md);
+the accuracy of an undisturbed run (0.9778 with 3 workers and 40 epochs, docs/guide/elastic.md);
 the threshold is 0.95, the example's default target, as for keras_digits.py."""
 
 from __future__ import annotations

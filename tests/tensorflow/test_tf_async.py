@@ -1,4 +1,4 @@
-"""Async mode and quorum rounds in the TensorFlow plugin (docs/async.md): the Keras digits
+"""Async mode and quorum rounds in the TensorFlow plugin (docs/guide/async.md): the Keras digits
 example trained with ``DistributedOptimizer(async=True)`` reaches the synchronous accuracy
 (within 1 point) on the same samples, and quorum rounds through ``DistributedGradientTape`` are
 exact sums over the workers counted, identical on every worker, with no fast worker
@@ -20,7 +20,7 @@ from quorum_worker import check_job  # noqa: E402
 DIGITS = ROOT / "examples" / "tensorflow" / "keras_digits.py"
 # The same for both: the same number of samples. 20, not 10: at 10 epochs Keras has not
 # converged and SSP s=1 measured 0.960-0.967 in 5 quiet runs against sync 0.9711 (async
-# unbounded 0.971-0.973); at 20, s=1 0.969-0.971 and sync 0.964 (docs/async.md).
+# unbounded 0.971-0.973); at 20, s=1 0.969-0.971 and sync 0.964 (docs/guide/async.md).
 EPOCHS = 20
 
 

@@ -1,4 +1,4 @@
-"""Sufficient-factor broadcasting of Keras 3 Dense kernels (docs/sfb.md) in a real 2-worker
+"""Sufficient-factor broadcasting of Keras 3 Dense kernels (docs/guide/sfb.md) in a real 2-worker
 job (tests/tensorflow/workers/tf_sfb_worker.py): float64 weights after several steps equal
 the dense path's (bit for bit with integer data), with DistributedGradientTape eagerly and
 in tf.function and with model.fit; auto's choices, the fallback of a graph traced without

@@ -1,4 +1,4 @@
-"""Async mode in torch (docs/async.md): ``DistributedOptimizer(async=True)`` and its
+"""Async mode in torch (docs/guide/async.md): ``DistributedOptimizer(async=True)`` and its
 aliases, and the digits example trained asynchronously reaching the synchronous accuracy
 (within 1 point) on the same number of samples."""
 

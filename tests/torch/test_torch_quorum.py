@@ -1,4 +1,4 @@
-"""Quorum rounds in torch with a worker that is slower for good (docs/async.md,
+"""Quorum rounds in torch with a worker that is slower for good (docs/guide/async.md,
 "Catch-up"): it fetches the rounds that closed without it and applies them in turn, so its
 fast peers keep their own pace well past the 2·FASTPS_QUORUM_HISTORY rounds after which a
 straggler that applies one round per step would pace them, and every replica ends with the
@@ -75,8 +75,9 @@ def test_persistent_straggler_catches_up_and_paces_nobody(
 
 # --------------------------------------------------------------- the example, as users run it
 
-# (data path, workers, quorum, servers): the issue's commands first (every worker pushes
-# over TCP), then every other data path.
+# (data path, workers, quorum, servers): the commands that deadlocked at the first step before
+# quorum rounds took only gradients' sums first (every worker pushes over TCP), then every
+# other data path.
 EXAMPLE_CASES = [
     ("tcp", 3, 2, 1),
     ("tcp", 4, 3, 2),

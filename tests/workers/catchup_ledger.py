@@ -1,4 +1,4 @@
-"""The quorum catch-up tests of the Keras and Gluon plugins (docs/async.md, "Catch-up"),
+"""The quorum catch-up tests of the Keras and Gluon plugins (docs/guide/async.md, "Catch-up"),
 framework-neutral halves: what a worker adds to its loss, and the checks of a job.
 
 Besides a small model, every worker trains a float64 "ledger" vector, one element per round,

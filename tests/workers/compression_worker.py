@@ -1,4 +1,4 @@
-"""Checks gradient compression end to end (docs/compression.md), run by
+"""Checks gradient compression end to end (docs/guide/compression.md), run by
 tests/test_compression.py as N workers against real servers. Modes:
 
 * ``sum``: every codec × dtype, tensors cut into several parts over the servers. For the

@@ -96,8 +96,8 @@ print(f"rank {rank} ABANDON OK", flush=True)
 
 # A group whose wait failed part-way (a plugin's group handle) gives up its members: they
 # leave the names in flight, their data still moves for the peers, and once the core is
-# done nothing stays "waiting" for the stall inspector (unpolled members of such groups
-# were its "waited N s although every rank submitted it" reports, issue 13).
+# done nothing stays "waiting" for the stall inspector (unpolled members of such groups were
+# its "waited N s although every rank submitted it" reports in Horovod's test files under load).
 xs = [np.full(4, float(rank + 1 + k), np.float32) for k in range(3)]
 if rank == 1:
     ops = C.grouped_allreduce_async(xs, ["float32"] * 3, "grp", C.ReduceOp.SUM)

@@ -1,4 +1,4 @@
-"""Quorum rounds (docs/async.md) from one worker's side, run by tests/test_quorum.py with
+"""Quorum rounds (docs/guide/async.md) from one worker's side, run by tests/test_quorum.py with
 FASTPS_ROUND_QUORUM=k. Each step every worker pushes 2**rank * (step+1) * (1 + i % 7) at
 element i, so a result names the workers its round counted: result = S * n/k, S the sum
 over the counted workers. The worker at rank ``slow`` sleeps ``delay`` s before step

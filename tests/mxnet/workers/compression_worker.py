@@ -1,4 +1,4 @@
-"""The MXNet plugin with the core's compressors (docs/compression.md), run as 2 workers by
+"""The MXNet plugin with the core's compressors (docs/guide/compression.md), run as 2 workers by
 tests/mxnet/test_compression.py.
 
     compression_worker.py checks     the checks below, in order

@@ -1,4 +1,4 @@
-"""Worker: quorum rounds with a Gluon worker that is slower for good (docs/async.md,
+"""Worker: quorum rounds with a Gluon worker that is slower for good (docs/guide/async.md,
 "Catch-up"), through ``fastps.mxnet.DistributedTrainer``.
 
 Every rank trains a small Gluon model (one 256x256 weight that travels alone, the small

@@ -1,4 +1,4 @@
-"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) through DistributedTrainer's
+"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/guide/async.md) through DistributedTrainer's
 gradient path (straight to the core): tests/workers/quorum_worker.py's steps, each the
 gradient of ``sum(w * x)`` (exactly x) averaged by ``trainer.allreduce_grads()``, times
 the number of workers (4: both scalings are exact). (``hvd.allreduce`` goes through the

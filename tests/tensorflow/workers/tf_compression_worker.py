@@ -1,4 +1,4 @@
-"""fastps.tensorflow's gradient path with the core's compressors (docs/compression.md),
+"""fastps.tensorflow's gradient path with the core's compressors (docs/guide/compression.md),
 run as 2 workers by tests/tensorflow/test_tf_compression.py: DistributedGradientTape with
 ``fastps.Compression.onebit`` gives every rank the reference decompress(compress(Σ
 decompress(compress(g_r)))) / n for a gradient of one part, eagerly and in a tf.function;

@@ -1,4 +1,4 @@
-"""Worker: quorum rounds with a Keras worker that is slower for good (docs/async.md,
+"""Worker: quorum rounds with a Keras worker that is slower for good (docs/guide/async.md,
 "Catch-up"), through ``fastps.tensorflow.keras.DistributedOptimizer``.
 
 Every rank trains a small Keras model (one 256x256 kernel that travels alone, the small

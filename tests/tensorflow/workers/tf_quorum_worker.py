@@ -1,4 +1,4 @@
-"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/async.md) through the TensorFlow plugin's
+"""Quorum rounds (FASTPS_ROUND_QUORUM, docs/guide/async.md) through the TensorFlow plugin's
 gradient path: tests/workers/quorum_worker.py's steps, each sum the gradient of
 ``sum(w * x)`` (exactly x) through ``DistributedGradientTape(op=Sum)``, which pushes
 straight to the core. (``hvd.allreduce`` goes through the negotiated collective layer,

@@ -1,4 +1,4 @@
-"""The torch plugin with the core's compressors (docs/compression.md), run as 2 workers by
+"""The torch plugin with the core's compressors (docs/guide/compression.md), run as 2 workers by
 tests/torch/test_torch_compression.py:
 
 * ``hvd.allreduce`` with onebit equals the reference decompress(compress(Σ decompress(

@@ -1,4 +1,4 @@
-"""Worker: quorum rounds with a worker that is slower for good (docs/async.md, "Catch-up").
+"""Worker: quorum rounds with a worker that is slower for good (docs/guide/async.md, "Catch-up").
 
 Every rank trains the same small model with DistributedOptimizer (SGD with momentum, so
 optimizer state advances with every round applied) on data of its own; rank ``slow``

@@ -1,16 +1,16 @@
 """Random-k with error feedback inside real training, step by step against a reference
-(issue 18; docs/compression.md). Trains the digits example's MLP with Adam and a
-DistributedOptimizer compressing with ``--spec`` (random-k with error feedback), and at
-every step checks the averaged gradients fastps hands the optimizer against a reference
-of the algorithm (Stich et al. 2018) run here on every rank's raw gradients (allgathered
-uncompressed):
+(docs/guide/compression.md, "Random-k and the optimizer"). Trains the digits example's MLP
+with Adam and a DistributedOptimizer compressing with ``--spec`` (random-k with error
+feedback), and at every step checks the averaged gradients fastps hands the optimizer
+against a reference of the algorithm (Stich et al. 2018) run here on every rank's raw
+gradients (allgathered uncompressed):
 
     e_w = residual_w + g_w           on every worker w
     sent at the round's indices I    (the same on every worker)
     residual_w = e_w with I zeroed
     result = mean_w e_w at I, 0 elsewhere
 
-The round's indices are drawn here as the core draws them (docs/compression.md, "Seeds":
+The round's indices are drawn here as the core draws them (docs/guide/compression.md, "Seeds":
 the seed mixes the part's key, i.e. the tensor id of ``grad.<name>``, with the round;
 ``_core.compress`` of a vector of ones with that seed shows them), so fastps's result must
 be exactly zero elsewhere and equal the reference at all k. Run by
@@ -100,7 +100,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     sizes = [p.numel() for p in params]
-    ks = [min(n, max(1, math.ceil(frac * n))) for n in sizes]  # docs/compression.md
+    ks = [min(n, max(1, math.ceil(frac * n))) for n in sizes]  # docs/guide/compression.md
     residual = [[torch.zeros(n) for n in sizes] for _ in range(size)]
     covered = [torch.zeros(n, dtype=torch.bool) for n in sizes]
     worst, rounds = 0.0, 0

@@ -1,7 +1,7 @@
 """``horovod.runner.common.util.config_parser``: horovodrun's flags → environment.
 
 Of horovodrun's tuning flags only the log level has a fastps counterpart here; the elastic
-tests set no others. fastps reads its own settings from FASTPS_* (docs/configuration.md).
+tests set no others. fastps reads its own settings from FASTPS_* (docs/reference/configuration.md).
 """
 
 from typing import Any, Dict
