@@ -12,7 +12,7 @@ checked (each worker fills rank + 1; every element must come back n(n+1)/2).
   first and one copy per rack crosses the uplink (docs/guide/rack-hierarchy.md);
 - flat: FASTPS_RACK is empty, every worker pushes to every owner across the uplinks.
 
-The bounds are core/placement.py's hierarchy_bound and flat_bound with the links' goodput
+The bounds are core/control/placement.py's hierarchy_bound and flat_bound with the links' goodput
 (0.956 x the shaped rate, docs/design/rack.md). Prints a table; needs root. ``--linkstats DIR``
 samples every host link and uplink (benchmarks/rack/linkstat.py, 20 ms) and prints each
 link's bytes per timed iteration and how busy it was.

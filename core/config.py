@@ -1,6 +1,6 @@
 """Configuration of a fastps process, read from ``FASTPS_*`` environment variables.
 
-Every variable is documented, with its default, in ``docs/configuration.md``. A value that
+Every variable is documented, with its default, in ``docs/reference/configuration.md``. A value that
 cannot be parsed or is out of range raises :class:`~fastps.errors.FastPSError` naming the
 variable and the value, so a typo fails at start-up instead of deep inside a job.
 
@@ -72,7 +72,7 @@ DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connec
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 MAX_PARTITION_BYTES = 256 * MiB  # kMaxPartBytes in csrc/transport/wire.h: larger frames are refused
 DEFAULT_CONNS_PER_SERVER = 1
-# Closed quorum rounds a server keeps per part for late pushers (docs/async.md).
+# Closed quorum rounds a server keeps per part for late pushers (docs/guide/async.md).
 DEFAULT_QUORUM_HISTORY = 8
 MODES = ("sync", "async")
 DEFAULT_ENGINE_THREADS = 2  # summing threads per server on a host with more than 2 cores
@@ -96,7 +96,7 @@ def default_engine_threads(cores: Optional[int] = None) -> int:
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # for a new connection to authenticate (servers, scheduler)
 # Handshakes a server runs side by side; past it the oldest is turned away as busy (and the
-# worker retries), so no number of silent peers delays a legitimate one (docs/hardening.md).
+# worker retries), so no number of silent peers delays a legitimate one (docs/design/hardening.md).
 DEFAULT_MAX_PENDING_HANDSHAKES = 64
 DEFAULT_OP_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
@@ -341,7 +341,7 @@ class _Env:
 
 @dataclass(frozen=True)
 class Config:
-    """Settings of one fastps process (see ``docs/configuration.md``)."""
+    """Settings of one fastps process (see ``docs/reference/configuration.md``)."""
 
     role: str = "worker"
     scheduler_addr: Optional[Tuple[str, int]] = None
@@ -354,7 +354,7 @@ class Config:
     server_port: int = 0
     host: str = "127.0.0.1"
     hostname: str = ""
-    # FASTPS_RACK: the rack this process is in (rack-level hierarchy, docs/rack-hierarchy.md);
+    # FASTPS_RACK: the rack this process is in (rack-level hierarchy, docs/guide/rack-hierarchy.md);
     # "" everywhere: one flat job.
     rack: str = ""
     partition_bytes: Optional[int] = None
@@ -362,19 +362,19 @@ class Config:
     window_bytes: int = DEFAULT_WINDOW_BYTES
     fusion_threshold: int = DEFAULT_FUSION_THRESHOLD
     # The default gradient compressor (FASTPS_COMPRESSION, a spec such as "topk:0.01:ef";
-    # "" = none) and the smallest tensor it applies to (docs/compression.md).
+    # "" = none) and the smallest tensor it applies to (docs/guide/compression.md).
     compression: str = ""
     compression_min_bytes: int = 0
     notsent_lowat: int = DEFAULT_NOTSENT_LOWAT
     # Every host's link rate in Mbit/s (FASTPS_LINK_MBIT); > 0 paces each flow at its
     # share of it (placement.pacing_plan), 0 leaves flows unpaced, None ("auto", the
-    # default): each process reads its own host's rate (core/linkspeed.py).
+    # default): each process reads its own host's rate (core/control/linkspeed.py).
     link_mbit: Optional[float] = None
     shm: bool = True
     # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE).
     nudge: bool = True
     nudge_min_wait: float = DEFAULT_NUDGE_MIN_WAIT  # seconds queued before a nudge counts
-    # Servers may leave and join the running job (FASTPS_ELASTIC_SERVERS; docs/elastic.md).
+    # Servers may leave and join the running job (FASTPS_ELASTIC_SERVERS; docs/guide/elastic.md).
     elastic_servers: bool = False
     shm_bytes: int = DEFAULT_SHM_BYTES
     conns_per_server: int = DEFAULT_CONNS_PER_SERVER
@@ -396,7 +396,7 @@ class Config:
     # Which variable rank / num_workers came from (e.g. "SLURM_PROCID"); None = default.
     rank_source: Optional[str] = None
     num_workers_source: Optional[str] = None
-    # Beyond lock-step (docs/async.md). FASTPS_ROUND_QUORUM: a count (round_quorum) or a
+    # Beyond lock-step (docs/guide/async.md). FASTPS_ROUND_QUORUM: a count (round_quorum) or a
     # fraction of the pushers (round_quorum_fraction); 0: every pusher. FASTPS_MODE: "sync"
     # or "async"; FASTPS_STALENESS: async SSP bound (-1, unset: unbounded).
     round_quorum: int = 0
@@ -404,7 +404,7 @@ class Config:
     quorum_history: int = DEFAULT_QUORUM_HISTORY
     # FASTPS_QUORUM_CATCH_UP=1: a worker behind applies the rounds that closed without it
     # at once, so it makes fewer step() calls than its peers: only for loops that count
-    # applied rounds (docs/async.md, "Catch-up"); off, every rank's i-th step is round i.
+    # applied rounds (docs/guide/async.md, "Catch-up"); off, every rank's i-th step is round i.
     quorum_catch_up: bool = False
     mode: str = "sync"
     staleness: int = -1
@@ -569,7 +569,7 @@ class Config:
         if self.scheduler_addr is None:
             raise FastPSError(
                 "FASTPS_SCHEDULER_ADDR is not set: start the job with fastpsrun, or set it to "
-                "the scheduler's host:port (see docs/configuration.md)"
+                "the scheduler's host:port (see docs/reference/configuration.md)"
             )
         return self.scheduler_addr
 

@@ -1,4 +1,4 @@
-"""Adasum (core/adasum.py): the formula and its tree alone, then ``hvd.allreduce(t,
+"""Adasum (core/collectives/adasum.py): the formula and its tree alone, then ``hvd.allreduce(t,
 op=hvd.Adasum)`` in real jobs of 2 and 4 workers against a numpy reference."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Numbering of anonymous collectives (core/anon_names.py): a number withdrawn before it
+"""Numbering of anonymous collectives (core/collectives/anon_names.py): a number withdrawn before it
 coordinated is given back, from the top only, once no op with it still runs; a number any
 part of which coordinated, or that a joined rank skipped, is never reused."""
 

@@ -1,4 +1,4 @@
-"""Link-rate detection for pacing (core/linkspeed.py, FASTPS_LINK_MBIT=auto).
+"""Link-rate detection for pacing (core/control/linkspeed.py, FASTPS_LINK_MBIT=auto).
 
 The tc parser is checked on the text tc prints for the shapers it must read; the whole
 detection runs for real inside an emulated rack host (root only), whose link is an htb

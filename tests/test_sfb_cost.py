@@ -1,4 +1,5 @@
-"""The sufficient-factor cost model (core/sfb.py): bytes per layer and the choice per mode."""
+"""The sufficient-factor cost model (core/collectives/sfb.py): bytes per layer and the choice
+per mode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared multi-tenant server host (core/shared_server.py): several jobs on one
+"""The shared multi-tenant server host (core/control/shared_server.py): several jobs on one
 long-running host, each authenticated and isolated, joining and leaving while it runs,
 with a per-job memory quota."""
 

@@ -1,4 +1,4 @@
-"""The stall inspector with real processes (core/stall.py): ranks that wait on a tensor
+"""The stall inspector with real processes (core/worker/stall.py): ranks that wait on a tensor
 some rank did not submit log who is missing what; past FASTPS_STALL_SHUTDOWN_S the job
 stops with an error naming them; a stall proven permanent (every rank waits for a rank
 that waits too) stops the job at once, naming the cycle."""

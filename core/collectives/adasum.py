@@ -18,7 +18,7 @@ sums in the tensor's buffers. A vector whose squared norm is below ``NORM_FLOOR`
 coefficient 1 (the formula would divide by ~0): ``adasum(a, 0) = a``. Floating-point
 dtypes only.
 
-This module is the algorithm alone, on numpy rows; ``core/collectives.py`` gathers every
+This module is the algorithm alone, on numpy rows; ``core/collectives/ops.py`` gathers every
 rank's tensor and calls :func:`reduce_rows`.
 """
 

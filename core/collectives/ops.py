@@ -5,10 +5,10 @@ element type, so bfloat16 travels as uint16 bits), calls an ``*_async`` function
 turns the returned :class:`Op`'s numpy result back into a tensor. Nothing here knows a
 framework.
 
-How an op runs (``docs/architecture.md``, "Collectives"):
+How an op runs (``docs/design/architecture.md``, "Collectives"):
 
 1. **Announce.** The op's record (kind, dtype, shape, reduce op, root, splits, scale
-   factors) goes to the scheduler under the op's name (``core/coordinator.py``); this
+   factors) goes to the scheduler under the op's name (``core/control/coordinator.py``); this
    never waits. A duplicate name still in flight raises ``ValueError`` at once.
 2. **Check.** When every member of the process set has announced that name, each member
    gets all records and checks them with :func:`_check_records`, the same function on every
@@ -18,7 +18,7 @@ How an op runs (``docs/architecture.md``, "Collectives"):
    receiver thread so an op nobody waits for still completes. Two primitives:
    :func:`_push_sum` (a push_pull) and :func:`_route` (routed parts: a block forwarded
    from its sender to the ranks that want it, or a sum only some ranks receive), so each
-   op moves each byte once (``docs/architecture.md``, "Bytes on the wire"). Sets other
+   op moves each byte once (``docs/design/architecture.md``, "Bytes on the wire"). Sets other
    than the global one are routed too: the servers count only the set's pushes.
 4. **Finish** in :meth:`Op.synchronize`: local post-processing (slicing, Min/Max/Product,
    integer scaling).
@@ -359,7 +359,7 @@ class Op:
 
     def _count_end(self) -> None:
         """Tells the numbering this op ended (once): its number was used by every rank
-        unless this rank withdrew it (core/anon_names.py)."""
+        unless this rank withdrew it (core/collectives/anon_names.py)."""
         if self._numbered is not None and not self._counted:
             self._counted = True
             counter, number = self._numbered
@@ -500,7 +500,8 @@ def _wait_part(op: Op, part: Any, deadline: float, limit: float) -> None:
 def _withdraw_siblings(op: Op) -> None:
     """The wait for one part of an anonymous group was cut short before it coordinated:
     the group's other parts (same number) are withdrawn too and fail, so that the number
-    can be given back (core/anon_names.py) rather than held by parts nobody waits for."""
+    can be given back (core/collectives/anon_names.py) rather than held by parts nobody
+    waits for."""
     s = _session
     client = api._st().client
     if s is None or client is None or op._numbered is None:
@@ -785,7 +786,7 @@ def _route(
     scale: float = 1.0,
     priority: int = 0,
 ) -> None:
-    """Data plane, routed (``docs/architecture.md``, "Bytes on the wire"): ``pushers``
+    """Data plane, routed (``docs/design/architecture.md``, "Bytes on the wire"): ``pushers``
     workers push each part of ``data_name``; the server sums the pushes that carry data
     (one: a forward) and answers only those that want the result. ``buf`` is what this
     worker contributes (``send``); the result lands in ``dst`` (default ``buf``) when
@@ -861,7 +862,7 @@ def allreduce_async(
     """Reduces ``a`` over the set. ``out`` (same shape/dtype) receives the result when
     given (it may be ``a`` itself: in place); the result is ``out`` or a new array.
     ``compression`` (a :class:`fastps.Compression` choice) compresses a Sum/Average of
-    the global set on the wire (docs/compression.md); every rank must choose alike."""
+    the global set on the wire (docs/guide/compression.md); every rank must choose alike."""
     ps = _registered(process_set)
     name = _op_name(ps, name)
     op = ReduceOp(op)
@@ -943,7 +944,7 @@ def _allreduce_run(
 def _finish_reduce(
     stack: np.ndarray, dtype: str, op: ReduceOp, post: float, count: int
 ) -> np.ndarray:
-    if op == ReduceOp.ADASUM:  # core/adasum.py: over the rows in rank order
+    if op == ReduceOp.ADASUM:  # core/collectives/adasum.py: over the rows in rank order
         result = adasum.reduce_rows(
             [_to_compute(row, dtype) for row in stack],
             lambda x: _to_compute(_from_compute(x, dtype), dtype),

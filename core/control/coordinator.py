@@ -1,7 +1,7 @@
 """The scheduler's side of collective coordination: gather one small record from every
 member of a process set, then give every member all of them.
 
-Every collective of ``core/collectives.py`` first announces itself (kind, dtype, shape,
+Every collective of ``core/collectives/ops.py`` first announces itself (kind, dtype, shape,
 root, splits...) under its name; once every member of its process set has announced the
 same name, each member receives every member's record and checks them with the same
 function, so a mismatch raises on every rank with both values named, and nothing else in
@@ -83,7 +83,7 @@ class Coordinator:
             self._joined[set_id].remove(rank)
 
     def waits(self) -> List[Tuple[int, str, List[int], List[int]]]:
-        """Every open gather, for the stall inspector (core/stall.py): (set id, op name,
+        """Every open gather, for the stall inspector (core/worker/stall.py): (set id, op name,
         the ranks that announced it and wait, the members it still lacks; a rank in join
         lacks only the join)."""
         out = []

@@ -259,7 +259,7 @@ def membership_pacing(
 
 
 # ---------------------------------------------------------------------------------------
-# Rack-level hierarchy (PHub §3.4; docs/rack-hierarchy.md).
+# Rack-level hierarchy (PHub §3.4; docs/guide/rack-hierarchy.md).
 #
 # With workers on r racks, a part owned by a server in rack A is summed in every other
 # rack R first, by R's "relay" for that owner (one of R's servers), which pushes one copy

@@ -573,7 +573,7 @@ class ControlClient:
     def withdraw(self, set_id: int, ranks: Sequence[int], name: str) -> bool:
         """Takes back this worker's announcement of ``name`` (its wait was cut short).
         True when the op is withdrawn everywhere, so its name was used by no rank
-        (core/anon_names.py gives an anonymous op's number back then); False when it
+        (core/collectives/anon_names.py gives an anonymous op's number back then); False when it
         completed anyway.
 
         The scheduler may have completed the gather already, its completion still on the

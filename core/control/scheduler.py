@@ -195,7 +195,7 @@ class Scheduler:
         self._shutdown_sent = False
         self._stop_requested = False
         self.abort_reason: Optional[str] = None
-        # Servers that leave and join without ending the job (core/elastic/server_pool.py).
+        # Servers that leave and join without ending the job (core/control/server_pool.py).
         self._server_pool: Optional[ServerPool] = (
             ServerPool(_PoolHostOf(self)) if elastic_servers else None
         )
@@ -792,7 +792,7 @@ class Scheduler:
 
     def _stall_check(self, conn: _Conn) -> None:
         """A worker's push_pull waited too long: ask every worker what it submitted
-        (core/stall.py). One inquiry at a time; one that lost a worker is restarted."""
+        (core/worker/stall.py). One inquiry at a time; one that lost a worker is restarted."""
         if conn.role != "worker" or conn.node_id is None:
             return
         self._stall_inquire(time.monotonic())
@@ -910,7 +910,7 @@ class Scheduler:
         held: List[Dict[str, Any]],
         warning: float,
     ) -> bool:
-        """Aborts the job if the stall is proven permanent (core/stall.py, DeadlockWatch);
+        """Aborts the job if the stall is proven permanent (core/worker/stall.py, DeadlockWatch);
         else, while it looks like one, schedules the inquiry that can prove it."""
         ranks = self._stable_ranks()
         if ranks is None or warning <= 0 or set(reports) != set(ranks):
@@ -932,7 +932,7 @@ class Scheduler:
         return True
 
     def _coord(self, conn: _Conn, msg: Dict[str, Any]) -> None:
-        """A collective announced by one worker (``core/coordinator.py``)."""
+        """A collective announced by one worker (``core/control/coordinator.py``)."""
         set_id: Any
         set_id, ranks, name = msg.get("set"), msg.get("ranks"), msg.get("name")
         if conn.role != "worker" or conn.node_id is None:
@@ -975,7 +975,7 @@ class Scheduler:
         time that changes on its side, numbering its declarations of the name (``version``);
         every worker runs the same program, so declaration ``v`` must agree on every worker.
         The priority must agree because the push window's deadlock freedom rests on every
-        worker ordering the parts alike (docs/architecture.md).
+        worker ordering the parts alike (docs/design/architecture.md).
         """
         if conn.role != "worker":
             # Only a member's tensors count: anyone else could abort the job by declaring.
@@ -1035,7 +1035,7 @@ class Scheduler:
             self._abort(
                 f"tensor {name!r} compression mismatch{which}: rank {known.rank} compresses it "
                 f"with {known.compression or 'none'}, rank {rank} with {compression or 'none'}; "
-                "every worker must compress a tensor alike (docs/compression.md)"
+                "every worker must compress a tensor alike (docs/guide/compression.md)"
             )
 
     def _bye(self, conn: _Conn) -> None:

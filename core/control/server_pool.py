@@ -8,7 +8,7 @@ connected to exactly those servers and reports, per tensor name, the last round 
 completed and the last round it started (``reroute_report``). From the reports the
 scheduler computes which rounds must be summed again on the new servers (``reroute_plan``):
 every round that some worker started but did not complete. The worker side is
-``core/elastic/rerouting_worker.py``; docs/elastic.md explains why that is exactly the set
+``core/worker/rerouting.py``; docs/guide/elastic.md explains why that is exactly the set
 of rounds whose sum may be missing somewhere, and why no round is counted twice.
 """
 

@@ -115,7 +115,7 @@ def control_wait(
     set_id: int = 0,
 ) -> Dict[str, Any]:
     """A wait the scheduler holds: ``kind`` "op" (a collective's announcement, gathered by
-    core/coordinator.py, of process set ``set_id``) or "barrier" (``api.barrier``)."""
+    core/control/coordinator.py, of process set ``set_id``) or "barrier" (``api.barrier``)."""
     return {
         "kind": kind,
         "name": name,

@@ -1,4 +1,4 @@
-"""Elastic training: workers that leave and join a running job (docs/elastic.md).
+"""Elastic training: workers that leave and join a running job (docs/guide/elastic.md).
 
 The worker side, framework-neutral: the state base classes (``state``), the run loop
 (``run``), the worker's rendezvous client (``rendezvous``), host-change notifications

@@ -14,7 +14,7 @@ tried only when the failure comes inside the window and nothing but the step's o
 gradient push_pulls ran since it opened (``_Window``). fastpsrun grants it only when every
 survivor asked for it, the world keeps its size and ranks, rank 0 survived and a spare
 took the lost rank; otherwise everybody rolls back, as without the option
-(docs/elastic.md, "Spare workers").
+(docs/guide/elastic.md, "Spare workers").
 
 ``FASTPS_ELASTIC_INPLACE=any``: a window opens at every update, and the survivors serve
 the spare rank 0's state as it is in the step (before the step's update) rather than

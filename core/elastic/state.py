@@ -80,7 +80,7 @@ class State(ABC):
             flags[:] = (bool(answer.get("updated")), bool(answer.get("removed_only")), newest)
         # Rank 0's answer as a sum (the others add zeros), not a broadcast: with elastic
         # servers a sum in flight when a server dies is summed again on the others; a
-        # broadcast would fail and roll the generation back (docs/elastic.md).
+        # broadcast would fail and roll the generation back (docs/guide/elastic.md).
         total = api.push_pull(flags, average=False, name="fastps.elastic.host_updates")
         self._last_updated_timestamp = int(total[2])
         if total[0] > 0:

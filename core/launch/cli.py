@@ -84,7 +84,7 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
     "timeline",
     default=None,
     help="Write one merged timeline of the whole job (Chrome trace / Perfetto JSON) to "
-    "this file [default: FASTPS_TIMELINE; docs/timeline.md].",
+    "this file [default: FASTPS_TIMELINE; docs/guide/timeline.md].",
 )
 @click.option(
     "--progress",
@@ -110,7 +110,7 @@ def cli(
     **multihost: Any,
 ) -> None:
     """Run CMD as N workers of a fastps job on this machine, or on the machines of -H,
-    --hostfile or the SLURM allocation (docs/multi-node.md)."""
+    --hostfile or the SLURM allocation (docs/guide/multi-node.md)."""
     logger = logging.getLogger("fastps")
     if not logger.handlers:
         handler = PrefixHandler("[scheduler] ")

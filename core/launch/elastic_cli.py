@@ -27,7 +27,7 @@ def elastic_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             metavar="SCRIPT",
             help="Elastic mode: a command printing the available 'host:slots' lines, run "
-            "every second; workers start and stop as its output changes (docs/elastic.md).",
+            "every second; workers start and stop as its output changes (docs/guide/elastic.md).",
         ),
         click.option(
             "--min-np",

@@ -388,7 +388,7 @@ class ElasticLauncher(Launcher):
                 self._refused_hosts.add(host)
                 say(
                     f"host {host!r} from the discovery script ignored: elastic mode starts "
-                    "workers on this machine only (docs/elastic.md)"
+                    "workers on this machine only (docs/guide/elastic.md)"
                 )
         offered = [f"{h}:{i}" for h, i in discovery.slots(usable)]
         hostof = {f"{h}:{i}": h for h, i in discovery.slots(usable)}

@@ -234,7 +234,7 @@ class Launcher:
         self.finish_timeout = finish_timeout
         self.report_every = report_every
         # One merged trace for the job: every process writes its share next to it, and
-        # fastpsrun merges them when the job ends (docs/timeline.md).
+        # fastpsrun merges them when the job ends (docs/guide/timeline.md).
         timeline = timeline or self.config.timeline
         self.timeline = os.path.abspath(timeline) if timeline else None
         self.progress = progress
@@ -473,7 +473,7 @@ class Launcher:
             if self._signalled():
                 return self._interrupted()
             # With elastic servers a server's exit is not the job's end: its keys move to
-            # the other servers (core/elastic/server_pool.py); the scheduler aborts if
+            # the other servers (core/control/server_pool.py); the scheduler aborts if
             # none is left.
             elastic = self.config.elastic_servers
             failed = self._first_failure(("worker",) if elastic else ("worker", "server"))

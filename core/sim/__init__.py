@@ -3,7 +3,7 @@
 It runs the real placement (fastps.placement), the real partitioner and push scheduler
 (fastps._core.partition, fastps._core.PushScheduler) over a fluid model of the network
 (links fair-shared or paced, with latency), servers that sum at the measured kernel speed,
-and workers that train the GPU-profile emulator's layers. docs/simulator.md explains the
+and workers that train the GPU-profile emulator's layers. docs/design/simulator.md explains the
 model, its calibration against the emulated rack, and its limits.
 
     from fastps import sim

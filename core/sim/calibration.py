@@ -1,11 +1,11 @@
-"""The simulator against the emulated rack's stored measurements (docs/rack-results/*.csv).
+"""The simulator against the emulated rack's stored measurements (docs/results/*.csv).
 
 Every row is one measured scenario (n = 4 worker hosts, k CPU hosts, 1 Gbit/s, ResNet-50)
 replayed in the simulator with the measurement's own link goodput. The only fitted number
 is ``layer_overhead_s`` for the training rows, fitted on one row (fastps cross-barrier,
 k = 0) and then held fixed for the others; the communication rows use no fitted number.
 
-The part-size and straggler rows (docs/rack-results/sim-validation/) were measured while
+The part-size and straggler rows (docs/results/sim-validation/) were measured while
 other jobs loaded the machine: each is the median of repeated runs (the CSVs of every run
 are stored; the row shows the median, the range and the loads), simulated with the median
 of those runs' measured link goodput.

@@ -15,7 +15,7 @@ emulated rack the headroom shortens answers when a link is otherwise idle (1 MiB
 where each worker-server pair runs stop-and-wait, reach 0.6-0.7 of the bound only with it)
 and costs the pushes nothing when every link is busy (256 KiB parts reach 0.94-0.99 of the
 bound; a share that let answers take more than their base costs the pushes 10-25% there):
-docs/simulator.md, "Answer headroom".
+docs/design/simulator.md, "Answer headroom".
 
 A flow takes the links as soon as it is sent and is delivered ``latency`` seconds after its
 last byte left (the trip through the switch): back-to-back parts on one connection keep

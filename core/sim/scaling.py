@@ -1,4 +1,4 @@
-"""The published trends, replayed in the simulator, and the plots of docs/simulator.md.
+"""The published trends, replayed in the simulator, and the plots of docs/design/simulator.md.
 
 - BytePS section 7.4 (Fig. 15/16): speedup over all-reduce as the number of GPUs grows from
   8 to 256, with k = 0 and with k = n CPU machines. Published (text of section 7.4): at 256

@@ -1,4 +1,4 @@
-"""The job's timeline: every tensor's journey across all processes (docs/timeline.md).
+"""The job's timeline: every tensor's journey across all processes (docs/guide/timeline.md).
 
 ``recorder`` records one process's share, ``merge`` joins the shares into one Chrome
 trace / Perfetto JSON file, ``summarize`` analyses it (``python -m fastps.timeline``).

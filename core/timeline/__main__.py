@@ -10,7 +10,7 @@ import click
 
 @click.group()
 def cli() -> None:
-    """Analyse fastps timelines (docs/timeline.md)."""
+    """Analyse fastps timelines (docs/guide/timeline.md)."""
 
 
 @cli.command()

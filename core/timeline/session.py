@@ -1,5 +1,5 @@
 """Horovod's ``start_timeline`` / ``stop_timeline`` for every plugin: each rank records its
-share; stopping is a collective after which rank 0 merges the shares (docs/timeline.md)."""
+share; stopping is a collective after which rank 0 merges the shares (docs/guide/timeline.md)."""
 
 from __future__ import annotations
 

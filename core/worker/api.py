@@ -73,7 +73,7 @@ class Session:
         # holds it.
         self.abandoned: List[Handle] = []
         self.abandoned_lock = threading.RLock()
-        # Gradients' sums are quorum rounds (FASTPS_ROUND_QUORUM; docs/async.md). Not with
+        # Gradients' sums are quorum rounds (FASTPS_ROUND_QUORUM; docs/guide/async.md). Not with
         # elastic servers: a rerouted round is redone whole, by every worker.
         self.quorum = (
             bool(cfg.round_quorum or cfg.round_quorum_fraction) and not cfg.elastic_servers
@@ -97,7 +97,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
 
     Without FASTPS_SCHEDULER_ADDR and with one worker, runs as a single process (every
     collective returns its input), like Horovod without a launcher. ``mode``: "sync" or
-    "async" (docs/async.md), overriding FASTPS_MODE.
+    "async" (docs/guide/async.md), overriding FASTPS_MODE.
     """
     global _state
     with _init_lock:
@@ -250,7 +250,7 @@ def _rerouting_worker(
     cfg: Config, client: ControlClient, membership: Membership, link: float
 ) -> Any:
     """With FASTPS_ELASTIC_SERVERS: a data plane that survives servers leaving and joining
-    (core/elastic/rerouting_worker.py), one core per server epoch. Its cores use TCP only
+    (core/worker/rerouting.py), one core per server epoch. Its cores use TCP only
     and no fusion: a redone round must be a push_pull of its own."""
     from fastps.worker.rerouting import ReroutingWorker
 
@@ -281,7 +281,7 @@ def _rerouting_worker(
 
 
 def _progress_counters(st: Session, link_mbit: float) -> Dict[str, Any]:
-    """What this worker's heartbeats carry for fastpsrun --progress (core/progress.py)."""
+    """What this worker's heartbeats carry for fastpsrun --progress (core/launch/progress.py)."""
     return {
         "steps": st.counts.most,
         "bytes": st.bytes,
@@ -386,7 +386,7 @@ def shutdown() -> None:
 
 
 def start_timeline(path: str) -> None:
-    """Records this worker's share of the job's timeline, for ``path`` (docs/timeline.md).
+    """Records this worker's share of the job's timeline, for ``path`` (docs/guide/timeline.md).
 
     The clock offset to the scheduler is measured now, so every process's events line up.
     """
@@ -448,7 +448,7 @@ def rank() -> int:
 
 
 def mode() -> str:
-    """The training mode, sync or async (docs/async.md): FASTPS_MODE or init(mode=...)."""
+    """The training mode, sync or async (docs/guide/async.md): FASTPS_MODE or init(mode=...)."""
     return _st().cfg.mode
 
 
@@ -526,7 +526,7 @@ class Handle:
 
     ``lag`` once it returned: under quorum rounds, how many of the tensor's rounds closed
     after the one answered (the rounds this worker fell behind by; catch them up with
-    ``fastps.catch_up``, docs/async.md "Catch-up"); else 0. -1 before the wait returned."""
+    ``fastps.catch_up``, docs/guide/async.md "Catch-up"); else 0. -1 before the wait returned."""
 
     def __init__(
         self, st: Session, hid: Optional[int], name: str, out: Any, keep: Sequence[Any]
@@ -806,14 +806,14 @@ def push_pull_raw(
     """Lowest-level entry for plugins: buffers already resolved to addresses.
 
     ``declare=False``: the caller already checked that every worker's tensor agrees
-    (``core/collectives.py``), so the scheduler's once-per-name declaration is skipped.
-    ``pushers > 0`` routes it (``docs/architecture.md``, "Bytes on the wire"): that many
+    (``core/collectives/ops.py``), so the scheduler's once-per-name declaration is skipped.
+    ``pushers > 0`` routes it (``docs/design/architecture.md``, "Bytes on the wire"): that many
     workers push each part; ``send=False`` only receives the result into ``out_buf``,
-    ``receive=False`` only contributes ``in_buf``. ``mode`` (core/async_mode.py): 0 a sum,
-    else an exchange with the parameters the servers keep (docs/async.md). ``compression``: a
-    :class:`fastps.Compression` choice (docs/compression.md); None: uncompressed.
+    ``receive=False`` only contributes ``in_buf``. ``mode`` (core/worker/async_mode.py): 0 a sum,
+    else an exchange with the parameters the servers keep (docs/guide/async.md). ``compression``: a
+    :class:`fastps.Compression` choice (docs/guide/compression.md); None: uncompressed.
     ``quorum=True``: a gradient's sum, whose round may close with FASTPS_ROUND_QUORUM
-    pushes (docs/async.md); every other sum waits for every worker."""
+    pushes (docs/guide/async.md); every other sum waits for every worker."""
     st = _st()
     if st.abandoned:
         sweep_abandoned()
@@ -889,7 +889,7 @@ def quorum_rounds() -> bool:
 
 def quorum_catch_up() -> bool:
     """Whether an optimizer applies the rounds that closed without this worker at once
-    (FASTPS_QUORUM_CATCH_UP with quorum rounds; docs/async.md, "Catch-up")."""
+    (FASTPS_QUORUM_CATCH_UP with quorum rounds; docs/guide/async.md, "Catch-up")."""
     st = _st()
     return st.quorum and st.cfg.quorum_catch_up
 
@@ -910,11 +910,11 @@ def push_pull_inplace_id(
 
     For plugins that keep one record per tensor and reuse it every iteration: no handle
     object is made, so nothing the garbage collector tracks stays alive per tensor while
-    the op runs (``docs/torch.md``, "Garbage collection"). The caller keeps the memory
+    the op runs (``docs/guide/torch.md``, "Garbage collection"). The caller keeps the memory
     alive and must finish the op with :func:`wait_id` or :func:`try_wait_id` (or see it
     done with :func:`poll_id`), passing the same ``name``, before it lets go of the memory.
 
-    ``fetch=True`` (quorum rounds, docs/async.md "Catch-up"): pushes nothing and writes into
+    ``fetch=True`` (quorum rounds, docs/guide/async.md "Catch-up"): pushes nothing and writes into
     ``ptr`` the sum of the tensor's next round, which closed without this worker (a wait
     on an op of this name returned how many rounds did), from the servers' history.
     ``quorum=True``: a gradient's sum (see :func:`push_pull_raw`)."""
@@ -1018,7 +1018,7 @@ def wait_id(hid: int, name: str, timeout: Optional[float] = None) -> int:
     """Waits for the op ``hid`` of tensor ``name`` (at most ``timeout`` s, default the op
     timeout). Returns how many of the tensor's rounds closed after the one answered: under
     quorum rounds, the rounds this worker fell behind by (fetch them with
-    ``push_pull_inplace_id(..., fetch=True)``, docs/async.md "Catch-up"); else 0."""
+    ``push_pull_inplace_id(..., fetch=True)``, docs/guide/async.md "Catch-up"); else 0."""
     st = _st()
     try:
         return int(st.worker.wait(hid, timeout or st.cfg.op_timeout))
@@ -1043,12 +1043,12 @@ def push_pull_async(
     ``out=None`` allocates a new numpy array for the result; ``out=tensor`` works in place.
     Larger ``priority`` goes first. Equal priorities go in an order fixed by the tensor
     names (a hash), the same on every worker; not in submission order, which can differ
-    between workers (docs/architecture.md, "Priorities"). Every worker must give a tensor the
+    between workers (docs/design/architecture.md, "Priorities"). Every worker must give a tensor the
     same priority: a disagreement aborts the job with FastPSAbort naming the tensor and both
     priorities. ``dtype`` reinterprets the elements (numpy has no bfloat16: pass uint16 bits
     with "bfloat16"). ``compression``: a :class:`fastps.Compression` choice
-    (docs/compression.md); None: uncompressed. ``quorum=True`` marks a gradient: under
-    FASTPS_ROUND_QUORUM its round may close without the slowest workers (docs/async.md);
+    (docs/guide/compression.md); None: uncompressed. ``quorum=True`` marks a gradient: under
+    FASTPS_ROUND_QUORUM its round may close without the slowest workers (docs/guide/async.md);
     otherwise, and for every other sum, every worker's push counts.
     """
     st = _st()

@@ -1,4 +1,4 @@
-"""Asynchronous mode on the core's data plane (docs/async.md), for every plugin.
+"""Asynchronous mode on the core's data plane (docs/guide/async.md), for every plugin.
 
 The servers keep each parameter (``csrc/server/param_store.h``). :func:`init_params` sets
 their value from rank 0 and gives it to every worker; :func:`update_async` pushes the delta

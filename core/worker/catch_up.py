@@ -1,4 +1,4 @@
-"""Catch-up under quorum rounds (docs/async.md, "Catch-up"): the policy every plugin's
+"""Catch-up under quorum rounds (docs/guide/async.md, "Catch-up"): the policy every plugin's
 optimizer follows when a worker is slower for good.
 
 Under FASTPS_ROUND_QUORUM a wait reports how many of the tensor's rounds closed after the

@@ -3,7 +3,7 @@
 ``Compression.fp16``, ``.bf16``, ``.onebit``, ``.topk(k)``, ``.randomk(k)`` and
 ``.dithering(levels)`` name a codec of ``csrc/compression/``: the worker compresses each
 part before the push, the server decodes every worker's part, sums in float32, compresses
-the sum again and answers, and the worker decodes into the output (docs/compression.md).
+the sum again and answers, and the worker decodes into the output (docs/guide/compression.md).
 ``error_feedback=True`` carries what each compression dropped into the next round, on the
 worker and on the server. A compressor applies to float tensors of at least ``min_bytes``
 whose name matches one of ``names`` (shell patterns; default: every name); the others go
@@ -119,7 +119,7 @@ class _Select:
 
 
 class Compression:
-    """The core's compressors (docs/compression.md)."""
+    """The core's compressors (docs/guide/compression.md)."""
 
     none: Optional[CoreCompressor] = None
     fp16 = CoreCompressor("fp16")
@@ -138,7 +138,7 @@ class Compression:
         ``momentum`` (with error feedback): Deep Gradient Compression's momentum
         correction and factor masking (Lin et al. 2018); use it with an optimizer
         without momentum of its own. ``warmup`` (k < 1): DGC's sparsity warm-up over
-        that many rounds of each part (docs/compression.md)."""
+        that many rounds of each part (docs/guide/compression.md)."""
         return CoreCompressor(
             "topk", k, error_feedback, min_bytes, momentum=momentum, warmup=warmup
         )
@@ -149,7 +149,7 @@ class Compression:
     ) -> CoreCompressor:
         """k values of each part at indices every worker draws alike. ``warmup`` (k < 1):
         the kept fraction falls from all values to k over that many rounds of each part
-        (Deep Gradient Compression's sparsity warm-up; docs/compression.md)."""
+        (Deep Gradient Compression's sparsity warm-up; docs/guide/compression.md)."""
         return CoreCompressor("randomk", k, error_feedback, min_bytes, warmup=warmup)
 
     @staticmethod

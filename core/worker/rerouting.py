@@ -1,5 +1,5 @@
 """A worker's data plane that goes on when summation servers leave or join (the worker side
-of ``core/elastic/server_pool.py``; docs/elastic.md, "Servers that leave and join").
+of ``core/control/server_pool.py``; docs/guide/elastic.md, "Servers that leave and join").
 
 :class:`ReroutingWorker` stands where ``fastps._core.Worker`` stands (same methods), over
 one core per *server epoch*. When the scheduler announces new servers it:
@@ -9,7 +9,7 @@ one core per *server epoch*. When the scheduler announces new servers it:
 2. reports, per tensor name, the last round it completed and the last it started;
 3. receives the plan (rounds ``lo+1..hi`` of each name that some worker started and not
    every worker completed), starts a core connected to the new servers (new weights from
-   ``core/placement.py``; tensor names carry the epoch, so no part meets a half-summed
+   ``core/control/placement.py``; tensor names carry the epoch, so no part meets a half-summed
    round the old core left on a surviving server), and sums those rounds again:
    its own lost push_pulls from a copy of their input (an in-place push_pull may already
    hold part of the old sum), and rounds it had completed but another worker had not

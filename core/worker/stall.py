@@ -20,7 +20,7 @@ log = logging.getLogger("fastps.stall")
 
 def _set_parts() -> Optional[Dict[str, List[int]]]:
     """The data parts of this worker's collectives in flight on a process set other than
-    the global one (core/collectives.py), with the set's ranks: only those submit them.
+    the global one (core/collectives/ops.py), with the set's ranks: only those submit them.
     None if they cannot be told (then no deadlock is proven)."""
     coll = sys.modules.get("fastps.collectives.ops")  # not in use unless imported
     session = getattr(coll, "_session", None)
@@ -106,7 +106,7 @@ class StallInspector:
         self.counts = counts if counts is not None else SubmissionCounts()
         self._lock = self.counts.lock  # one lock for counting and waiting (submit/settle)
         # name -> round, name -> since: two dicts of plain numbers, so an op in flight keeps
-        # no object the garbage collector tracks (docs/torch.md, "Garbage collection").
+        # no object the garbage collector tracks (docs/guide/torch.md, "Garbage collection").
         self._waiting: Dict[str, int] = {}
         self._since: Dict[str, float] = {}
         self._asked_at: Dict[Tuple[str, int], float] = {}  # last stall_check per round

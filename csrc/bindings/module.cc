@@ -44,7 +44,7 @@ void list_option(py::class_<T>& cls, const char* name, std::vector<V> T::* field
 }
 
 // The options structs are plain fields set by name from fastps.config.Config
-// (core/api.py, core/server.py); their zero values mean "unset" and the
+// (core/worker/api.py, core/control/server.py); their zero values mean "unset" and the
 // constructors refuse what must be set (check_options).
 void bind_options(py::module_& m) {
   py::class_<ServerOptions> so(m, "ServerOptions");

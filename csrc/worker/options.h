@@ -29,7 +29,7 @@ struct WorkerOptions {
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
   size_t notsent_lowat = 0;
   // Rate cap per server, bytes/s, split over that server's connections
-  // (core/placement.py pacing_plan); empty or 0: unpaced.
+  // (core/control/placement.py pacing_plan); empty or 0: unpaced.
   std::vector<double> pacing_bytes_per_s;
   int conns_per_server = 0;
   double connect_timeout_s = 0;
@@ -47,7 +47,7 @@ struct WorkerOptions {
   // FASTPS_ROUND_QUORUM is set: plain sums are pushed as quorum rounds (docs/guide/async.md).
   bool quorum = false;
   size_t shm_bytes = 0;
-  // Rack-level hierarchy (server/rack_relay.h, core/placement.py rack_plan), per server
+  // Rack-level hierarchy (server/rack_relay.h, core/control/placement.py rack_plan), per server
   // id (empty: flat): the server that this worker's pushes of that server's parts go to
   // (itself when it is in this worker's rack, else this rack's relay for it), and how
   // many pushes the owner waits for per part (the pushers of its rack plus one per other

@@ -1,7 +1,7 @@
 """Gradient compression: ``Compression.none`` and ``Compression.fp16`` (a cast around the
 push_pull, run here), and the C++ core's compressors (``Compression.onebit``, ``.topk(k)``,
 ...: they travel to the core with the tensor, which compresses on the wire, and the
-servers decode, sum in float32 and recompress; docs/compression.md)."""
+servers decode, sum in float32 and recompress; docs/guide/compression.md)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ parameters (a copy of each), the trainer's optimizer state (momentum and the lik
 update counts, the learning rate) and plain attributes together; ``restore()`` puts the
 copies back, ``sync()`` hands rank 0's to every rank. Launch with
 ``fastpsrun --min-np A --max-np B --host-discovery-script S python train.py``
-(docs/elastic.md).
+(docs/guide/elastic.md).
 """
 
 from __future__ import annotations

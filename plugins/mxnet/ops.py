@@ -85,7 +85,7 @@ NDArray: TypeAlias = mx.nd.NDArray
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM  # core/adasum.py, through the collective layer
+Adasum = ReduceOp.ADASUM  # core/collectives/adasum.py, through the collective layer
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
@@ -357,8 +357,8 @@ def allreduce_async(
 ) -> MXHandle:
     """Starts averaging (default) or reducing ``tensor`` over the process set into a new
     NDArray. ``op``: Average, Sum, Min, Max, Product or Adasum (floating-point tensors;
-    core/adasum.py); ``average`` is the older flag. ``compression``: one of the core's
-    compressors (``Compression.onebit``, ``.topk(k)``, ...; docs/compression.md) for a
+    core/collectives/adasum.py); ``average`` is the older flag. ``compression``: one of the core's
+    compressors (``Compression.onebit``, ``.topk(k)``, ...; docs/guide/compression.md) for a
     Sum/Average over the global set; every rank must choose alike."""
     return _allreduce_op(
         tensor,
@@ -901,8 +901,8 @@ def _start(
     pending engine read and write of it (safe for any array), ``"read"`` pending writes
     only (enough where every reader is ordered before the last writer, like gradients
     written by backward), ``"none"`` nothing (a new array). ``compression``: a core
-    compressor (docs/compression.md) or None. ``quorum``: a gradient's sum, a quorum round
-    under FASTPS_ROUND_QUORUM (docs/async.md).
+    compressor (docs/guide/compression.md) or None. ``quorum``: a gradient's sum, a quorum round
+    under FASTPS_ROUND_QUORUM (docs/guide/async.md).
     """
     src_m = _Meta(tensor, f"tensor '{name}'")
     out_m = src_m if out is tensor else _Meta(out, f"output of tensor '{name}'")

@@ -293,17 +293,17 @@ class DistributedTrainer(mx.gluon.Trainer):
     the next ``step()`` or ``wait_for_updates()``. Needs MXNet's ``MXEnginePushSyncND``
     (1.5+), op=Average over the global process set; otherwise synchronous, with a warning.
 
-    Tensor fusion (FASTPS_FUSION_THRESHOLD, ``core/fusion_plan.py``): from the second step
+    Tensor fusion (FASTPS_FUSION_THRESHOLD, ``core/worker/fusion_plan.py``): from the second step
     on, small gradients that are neighbours in the priority order travel packed together.
 
     ``op=Adasum`` (a fastps extension; Horovod's trainer only averages): Horovod's delta
     optimizer, as ``fastps.torch.DistributedOptimizer(op=Adasum)``: each worker updates
     its parameters with its own gradients, and the workers' updates are combined with
-    Adasum (``core/adasum.py``): ``w = start + adasum(w_local - start)``. The optimizer's
-    state stays each worker's own.
+    Adasum (``core/collectives/adasum.py``): ``w = start + adasum(w_local - start)``. The
+    optimizer's state stays each worker's own.
 
     ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
-    asynchronous training (docs/async.md, ``fastps.async_mode``): the servers keep the
+    asynchronous training (docs/guide/async.md, ``fastps.async_mode``): the servers keep the
     parameters; ``step()`` applies this worker's own gradients (no averaging, no waiting for
     the other workers), pushes the delta and loads the parameters as they now stand on the
     servers, every worker's deltas included. The first step starts the servers from rank
@@ -312,9 +312,9 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     ``model``: the Block whose ``Dense`` weights may be synchronised as sufficient factors
     instead of through the servers (``FASTPS_SFB=auto|on``, default off; ``sfb.py`` and
-    docs/sfb.md).
+    docs/guide/sfb.md).
 
-    Quorum rounds (``FASTPS_ROUND_QUORUM``, docs/async.md "Catch-up"): after the answered
+    Quorum rounds (``FASTPS_ROUND_QUORUM``, docs/guide/async.md "Catch-up"): after the answered
     round, ``step()`` applies the rounds that closed without this worker, fetched from the
     servers' history, one optimizer update each, as every other replica applied them; a
     worker that is slower for good then never falls far enough behind to pace the others.
@@ -366,7 +366,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             kvstore=None,
             update_on_kvstore=False,
         )
-        # Compression.none takes FASTPS_COMPRESSION's choice (docs/compression.md).
+        # Compression.none takes FASTPS_COMPRESSION's choice (docs/guide/compression.md).
         if compression in (None, Compression.none) and _api.is_initialized():
             compression = default_compressor(_api.config()) or Compression.none
         if is_core(compression) and rop == ReduceOp.ADASUM:
@@ -394,7 +394,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._fastps_fusion = FusionPlan(f"DistributedTrainer:{self._fastps_prefix}")
         weakref.finalize(self, self._fastps_fusion.drop)
         # Quorum rounds: the waits' lags, the fetch targets of the last reduction, the
-        # rounds applied (docs/async.md, "Catch-up").
+        # rounds applied (docs/guide/async.md, "Catch-up").
         quorum = _api.is_initialized() and _api.quorum_catch_up()
         self._fastps_lags: Optional[CU.RoundLag] = CU.RoundLag() if quorum else None
         self._fastps_fetch: List[Tuple[int, NDArray, str, int, float]] = []
@@ -606,7 +606,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         return [f"{self._fastps_prefix}param.{i}" for i, _ in live]
 
     def _fastps_async_update(self, ignore_stale_grad: bool) -> None:
-        """The local step, then the delta exchange (core/async_mode.py)."""
+        """The local step, then the delta exchange (core/worker/async_mode.py)."""
         exchange = self._fastps_async
         assert exchange is not None
         live = self._fastps_live()
@@ -691,7 +691,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     @property
     def applied_rounds(self) -> int:
         """Rounds of gradient sums applied: one per ``step()``, plus, under quorum rounds,
-        those a slow worker caught up on (docs/async.md, "Catch-up")."""
+        those a slow worker caught up on (docs/guide/async.md, "Catch-up")."""
         return self._fastps_rounds
 
     def _fastps_catch_up(self, ignore_stale_grad: bool) -> None:

@@ -9,7 +9,7 @@
 Everything works eagerly, inside ``tf.function`` and in TensorFlow 1 graphs
 (``tf.compat.v1.Session``). TensorFlow is not linked into fastps: tensors reach the core as
 numpy arrays, through ``tf.py_function`` inside graphs, so any TensorFlow 2 release that
-has it works. See docs/tensorflow.md.
+has it works. See docs/guide/tensorflow.md.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ tensor and step. Its "same tensors everywhere" check is the group check below. O
 reductions (Min/Max/Product, a process set, sparse gradients) go through the layer.
 
 **Fusion.** The direct path's gradients of one ``reduce`` call form one plan of the core's
-tensor fusion (``core/fusion_plan.py``, ``FASTPS_FUSION_THRESHOLD``): the small ones travel
+tensor fusion (``core/worker/fusion_plan.py``, ``FASTPS_FUSION_THRESHOLD``): the small ones travel
 packed in buckets that keep their place in the priority order. The plan (name, bytes, dtype,
 priority of each gradient) is known when the graph is traced (static shapes) and is set by
 the first start that runs, before any of its gradients is pushed, identically on every
@@ -116,7 +116,7 @@ class _Direct:
 
 
 class RoundFetch:
-    """The catch-up fetch of one ``reduce`` call's gradients (docs/async.md, "Catch-up";
+    """The catch-up fetch of one ``reduce`` call's gradients (docs/guide/async.md, "Catch-up";
     ``fastps.catch_up``): under quorum rounds, the sums of their next round, which closed
     without this worker, as the arrays the reduction would have returned. Made when the
     call is traced (names, shapes, priorities are fixed by then) and run at every step
@@ -160,7 +160,7 @@ class RoundFetch:
 
 
 class GradientFusion:
-    """One ``reduce`` call's rows for the core's fusion plan (``core/fusion_plan.py``),
+    """One ``reduce`` call's rows for the core's fusion plan (``core/worker/fusion_plan.py``),
     set by :meth:`ensure` once per process and core session."""
 
     _lock = threading.Lock()
@@ -198,7 +198,7 @@ def _direct_starter(
     lags: Optional[CU.RoundLag] = None,
 ) -> Callable[..., E.Work]:
     """Starts the sums, times ``scale`` (and divided by the world's size when it starts,
-    for an average: a graph traced in one world may run in the next, docs/elastic.md);
+    for an average: a graph traced in one world may run in the next, docs/guide/elastic.md);
     their waits report the quorum lag to ``lags``."""
 
     def start(*arrs: np.ndarray) -> E.Work:
@@ -233,7 +233,7 @@ class GradientReducer:
         self.kind = kind
         self.num_groups = int(num_groups)
         self.compression = compression
-        # A fastps.Compression choice: the core compresses on the wire (docs/compression.md).
+        # A fastps.Compression choice: the core compresses on the wire (docs/guide/compression.md).
         self.core = compression if hasattr(compression, "spec_for") else None
         self.op = O._resolve_op(op, None)
         self.sparse_as_dense = sparse_as_dense
@@ -246,7 +246,7 @@ class GradientReducer:
         # Dense kernels that may travel as sufficient factors (sfb.py); set by the
         # optimizer or tape given model=... under FASTPS_SFB=auto|on.
         self.sfb: Optional[SufficientFactors] = None
-        # Quorum catch-up (the optimizer's, docs/async.md): the direct path's waits report
+        # Quorum catch-up (the optimizer's, docs/guide/async.md): the direct path's waits report
         # their lag here, and each reduce call leaves the fetch of its next round (None
         # when a gradient took another path). None: nobody catches up (the tape).
         self.lags: Optional[CU.RoundLag] = None

@@ -1,4 +1,4 @@
-"""Asynchronous training for Keras 3 optimizers (docs/async.md):
+"""Asynchronous training for Keras 3 optimizers (docs/guide/async.md):
 ``DistributedOptimizer(opt, async=True)`` (or FASTPS_MODE=async).
 
 The servers keep the parameters (``fastps.async_mode``). ``apply`` (which ``apply_gradients``

@@ -6,7 +6,7 @@ as ``fastps.torch.elastic`` is: this module only says how Keras models, optimize
 ``tf.Variable`` lists are committed (a numpy copy of each variable), restored (assigned
 back) and synced (``broadcast_variables`` from rank 0). Launch with
 ``fastpsrun --min-np A --max-np B --host-discovery-script S python train.py``
-(docs/elastic.md). Keras's fit-loop callbacks are in ``fastps.tensorflow.keras.elastic``.
+(docs/guide/elastic.md). Keras's fit-loop callbacks are in ``fastps.tensorflow.keras.elastic``.
 """
 
 from __future__ import annotations

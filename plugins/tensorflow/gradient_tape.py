@@ -37,7 +37,7 @@ class DistributedGradientTape:
     one start and one wait op each inside graphs (fewer Python calls per step).
     ``process_set`` reduces among that set's ranks only. ``model``: the Keras 3 model whose
     ``Dense`` kernels may be synchronised as sufficient factors under
-    ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/sfb.md); give the same model to every tape.
+    ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/guide/sfb.md); give the same model to every tape.
     """
 
     def __init__(

@@ -132,7 +132,7 @@ def _catch_up(
     variables: List[Any],
     trainable_variables: Any,
 ) -> None:
-    """Quorum rounds (docs/async.md, "Catch-up"; ``fastps.catch_up``): after the answered
+    """Quorum rounds (docs/guide/async.md, "Catch-up"; ``fastps.catch_up``): after the answered
     round, applies the rounds that closed without this worker, as many as the least lag
     over the gradients says, each fetched from the servers' history and applied with the
     wrapped optimizer's step, exactly as every other replica applied them. Eagerly a loop;
@@ -359,9 +359,9 @@ def DistributedOptimizer(
     functions) that need ``optimizer.wait_for_updates()`` first.
     ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
     asynchronous training against parameters the servers keep (``async_optimizer.py``,
-    docs/async.md); the reduction arguments then do not apply.
+    docs/guide/async.md); the reduction arguments then do not apply.
     ``model``: the Keras 3 model (or layer) whose ``Dense`` kernels may be synchronised as
-    sufficient factors under ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/sfb.md).
+    sufficient factors under ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/guide/sfb.md).
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups
@@ -564,7 +564,7 @@ def _distributed(
         if why is None and reducer.sfb is not None:
             why = "FASTPS_SFB (a kernel's sum is rebuilt from factors)"
         if why is None and reducer.lags is not None:
-            # a round is applied whole before the next is fetched (docs/async.md)
+            # a round is applied whole before the next is fetched (docs/guide/async.md)
             why = "FASTPS_QUORUM_CATCH_UP (a slow worker catches up on whole rounds)"
         if why is None:
             cb = CB.CrossBarrier(new, base_apply=type(optimizer).apply)
@@ -646,7 +646,7 @@ class OptimizerGradients:
 
     def catch_up_fetch(self, variables: Sequence[Any]) -> Optional[RoundFetch]:
         """The fetch of the next round of the gradients the last reduction took, when the
-        wrapped update can catch up on rounds (docs/async.md, "Catch-up"): quorum rounds,
+        wrapped update can catch up on rounds (docs/guide/async.md, "Catch-up"): quorum rounds,
         every gradient of ``variables`` reduced on the direct path (no local variable, no
         aggregation: a round is applied whole), else None."""
         if self.reducer.lags is None or self.aggregation is not None:

@@ -1,6 +1,6 @@
 """``DistributedOptimizer(op=Adasum)``: Horovod's delta optimizer.
 
-Adasum (``core/adasum.py``) combines *updates*, not gradients: with a stateful optimizer
+Adasum (``core/collectives/adasum.py``) combines *updates*, not gradients: with a stateful optimizer
 (momentum, Adam) the combined quantity must be what each rank's optimizer would do on its
 own. So, as Horovod's ``_DistributedAdasumOptimizer`` does, each rank steps its wrapped
 optimizer on one parameter the moment that parameter's gradient is ready (in the
@@ -14,7 +14,7 @@ post-accumulate-grad hook, with the parameter's own param group hyperparameters)
 
 and ``step()`` waits for each combined delta and applies ``p = start + delta``. Optimizer
 state (momentum buffers, Adam moments) stays each rank's own, built from its own gradients.
-The deltas travel through the collective layer's Adasum allreduce (``core/collectives.py``),
+The deltas travel through the collective layer's Adasum allreduce (``core/collectives/ops.py``),
 so any process set works, and the parameters keep their value while the deltas are in
 flight (Horovod's version keeps the delta in the parameter meanwhile).
 

@@ -1,4 +1,4 @@
-"""Asynchronous training for torch (docs/async.md): ``DistributedOptimizer(opt, async=True)``.
+"""Asynchronous training for torch (docs/guide/async.md): ``DistributedOptimizer(opt, async=True)``.
 
 The servers keep the parameters (``fastps.async_mode``). At construction every worker's
 parameters become rank 0's, which the servers keep. ``step()`` runs the wrapped optimizer on

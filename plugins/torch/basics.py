@@ -18,7 +18,7 @@ def init(comm: Any = None, process_sets: Any = None, mode: Optional[str] = None)
 
     ``process_sets``: ProcessSets (or rank lists) to register now, the same on every rank.
     After :func:`shutdown`, ``init`` starts a new session on the same connections.
-    ``mode``: "sync" or "async" (docs/async.md), overriding FASTPS_MODE.
+    ``mode``: "sync" or "async" (docs/guide/async.md), overriding FASTPS_MODE.
     """
     global _active
     if comm is not None:

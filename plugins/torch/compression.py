@@ -5,7 +5,7 @@ A compressor turns a tensor into the tensor that travels (``compress``) and back
 ``decompress`` receives; the context is whatever the compressor needs to undo its work.
 User-defined compressors with the same two static methods work everywhere a built-in one
 does. The core's compressors (``Compression.onebit``, ``.topk(k)``, ...) are not run here:
-they travel to the core with the tensor (docs/compression.md).
+they travel to the core with the tensor (docs/guide/compression.md).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class FP16Compressor(Compressor):
 
 class Compression:
     """The built-in compressors, by the names Horovod scripts use (``none``, ``fp16``: a
-    cast around the push_pull), and the C++ core's (docs/compression.md): the servers
+    cast around the push_pull), and the C++ core's (docs/guide/compression.md): the servers
     decode, sum in float32 and recompress, with error feedback where asked."""
 
     none = NoneCompressor

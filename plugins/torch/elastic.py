@@ -4,7 +4,7 @@ A thin adapter over ``fastps.elastic`` (the run loop, the state base classes, th
 rendezvous): this module adds how torch models, optimizers and samplers are committed,
 restored and synced from rank 0. Launch with
 ``fastpsrun --min-np A --max-np B --host-discovery-script S python train.py``
-(docs/elastic.md).
+(docs/guide/elastic.md).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ __all__ = [
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM  # core/adasum.py
+Adasum = ReduceOp.ADASUM  # core/collectives/adasum.py
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
@@ -245,7 +245,7 @@ def _allreduce_start(
     quorum: bool = True,
 ) -> Handle:
     """A gradient's allreduce, straight to the core (``quorum``: its round may close with
-    FASTPS_ROUND_QUORUM pushes, docs/async.md)."""
+    FASTPS_ROUND_QUORUM pushes, docs/guide/async.md)."""
     if op in (Min, Max, Product, Adasum):  # gathered and reduced by the collective layer
         return _allreduce_op(
             tensor,

@@ -248,13 +248,13 @@ class _GradientSync:
         self._ranked_for: Optional[List[int]] = None
         self.should_synchronize = True
         self.synchronized = False
-        # Quorum rounds (docs/async.md, "Catch-up"): the rounds this worker fell behind by
+        # Quorum rounds (docs/guide/async.md, "Catch-up"): the rounds this worker fell behind by
         # in its last synchronize, and the gradients that synchronize waited for.
         self.behind = 0
         self.waited: List[_Entry] = []
         self.rounds = 0  # rounds applied by step(), caught-up ones included
         self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
-        # Tensor fusion of the small gradients (core/fusion_plan.py, set by _plan_fusion).
+        # Tensor fusion of the small gradients (core/worker/fusion_plan.py, set by _plan_fusion).
         self.fusion = FusionPlan(f"optimizer.{self.sync_id}")
         # nn.Linear weights that may travel as sufficient factors (sfb.py); set by
         # DistributedOptimizer(model=...).
@@ -657,7 +657,7 @@ class _GradientSync:
         self.kept = {}
 
     def fetch_next_round(self) -> int:
-        """Catch-up (docs/async.md): writes into each gradient the sum of its next round,
+        """Catch-up (docs/guide/async.md): writes into each gradient the sum of its next round,
         which closed without this worker, from the servers' history (nothing is pushed or
         counted); returns how many rounds closed after that one, the least over them."""
         targets: List[_catch_up.Target] = []
@@ -777,7 +777,7 @@ class _DistributedMixin:
         sync.rounds += 1
         _tl.end("optimizer applied", f"{len(sync.entries)} parameters", started)
         # Quorum rounds: the rounds that closed without this worker since the one just
-        # applied are applied too, in turn, as every other replica did (docs/async.md,
+        # applied are applied too, in turn, as every other replica did (docs/guide/async.md,
         # "Catch-up"); its next gradient is then computed on parameters at most a round old.
         # Exactly the rounds the answer named, not those that closed meanwhile: a worker
         # whose link cannot carry the sums as fast as rounds close would chase them for
@@ -908,7 +908,7 @@ class _DistributedMixin:
     def applied_rounds(self) -> int:
         """Rounds of averaged gradients this optimizer applied, the same count on every
         replica after the same rounds. Under quorum rounds a slow worker catches up several
-        rounds in one ``step()`` (docs/async.md, "Catch-up"), so it makes fewer steps than
+        rounds in one ``step()`` (docs/guide/async.md, "Catch-up"), so it makes fewer steps than
         its peers for the same rounds: a training loop that must end on every worker
         together counts these (``while opt.applied_rounds < total``), not its own steps.
         """
@@ -993,7 +993,7 @@ def DistributedOptimizer(
     ranks and appear in error messages (unnamed parameters are named by their position).
     ``compression``: ``Compression.none``, ``Compression.fp16`` (a cast), or one of the
     core's compressors (``Compression.onebit``, ``.topk(k, error_feedback=True)``, ...,
-    docs/compression.md); ``Compression.none`` takes ``FASTPS_COMPRESSION`` when set.
+    docs/guide/compression.md); ``Compression.none`` takes ``FASTPS_COMPRESSION`` when set.
     ``backward_passes_per_step``: backward passes accumulated locally per communication.
     ``op``: ``Average`` (default), ``Sum`` or ``Adasum`` (Horovod's delta optimizer:
     each rank steps locally in the gradient hooks and ``step()`` applies the Adasum of the
@@ -1011,11 +1011,11 @@ def DistributedOptimizer(
     synchronous, with a warning if cross-barrier was asked for explicitly.
     ``model``: the model whose ``nn.Linear`` weights may be synchronised as sufficient
     factors instead of through the servers (``FASTPS_SFB=auto|on``, default off; see
-    ``sfb.py`` and docs/sfb.md).
+    ``sfb.py`` and docs/guide/sfb.md).
 
     ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
     asynchronous training against parameters the servers keep (``async_optimizer.py``,
-    docs/async.md); the other arguments then do not apply.
+    docs/guide/async.md); the other arguments then do not apply.
 
     The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
     """
@@ -1121,7 +1121,7 @@ def DistributedOptimizer(
                 stacklevel=2,
             )
     if deferred and _api.is_initialized() and _api.quorum_catch_up():
-        # A slow worker catches up on whole rounds in step() (docs/async.md, "Catch-up"),
+        # A slow worker catches up on whole rounds in step() (docs/guide/async.md, "Catch-up"),
         # applying every parameter's sum of a round before fetching the next
         deferred = False
         if explicit(cross_barrier):

@@ -97,7 +97,7 @@ def submit(
 ) -> Waitable:
     """Starts summing ``src`` over the workers into ``dst`` (both contiguous, same device,
     shape and dtype; they may be the same tensor), compressed by the core with the spec
-    ``compression`` when given (docs/compression.md). ``quorum``: a gradient's sum, a
+    ``compression`` when given (docs/guide/compression.md). ``quorum``: a gradient's sum, a
     quorum round under FASTPS_ROUND_QUORUM (``fastps.api.push_pull_raw``)."""
     if src.device != dst.device:
         raise FastPSError(f"tensor '{name}': input on {src.device} but output on {dst.device}")

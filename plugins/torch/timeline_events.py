@@ -1,4 +1,4 @@
-"""The torch plugin's events on the job's timeline (docs/timeline.md): when backward
+"""The torch plugin's events on the job's timeline (docs/guide/timeline.md): when backward
 produced a gradient, how long the optimizer waited for sums and applied them, and — with
 cross-barrier updates — how long a module's forward waited for its parameters' sums.
 

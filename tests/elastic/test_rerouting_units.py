@@ -1,4 +1,4 @@
-"""ReroutingWorker (core/elastic/rerouting_worker.py) against in-process fakes of the core,
+"""ReroutingWorker (core/worker/rerouting.py) against in-process fakes of the core,
 the servers and the scheduler, to drive the case a real SIGKILL hits only by chance: a
 server that answered a round to one worker and died before answering the other. The
 worker that got its sum has already started the next round; both must end with every

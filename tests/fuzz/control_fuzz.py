@@ -1,4 +1,5 @@
-"""Structure-aware fuzzer of the control protocol (core/control.py, core/scheduler.py).
+"""Structure-aware fuzzer of the control protocol (core/control/protocol.py,
+core/control/scheduler.py).
 
 Phase A sends, against one long-lived scheduler, everything an outsider or an authenticated
 but unregistered peer can send: garbage, zero and oversized frame lengths, truncated frames,

@@ -1,5 +1,5 @@
 """An anonymous op one rank ran alone and stopped waiting for (a test's timeout, Ctrl-C)
-leaves the ranks' numbering of later anonymous ops in step (core/anon_names.py): the
+leaves the ranks' numbering of later anonymous ops in step (core/collectives/anon_names.py): the
 cascade of timeouts seen in Horovod's test_tensorflow.py, where every test after one that
 timed out waited for names the other rank never used."""
 

@@ -1,7 +1,7 @@
 """``DistributedOptimizer(op=hvd.Adasum)`` (Horovod's delta optimizer) against a numpy
 reference: every rank simulates all ranks here (same seeds), steps each simulated rank's
 own optimizer on its own batch, combines the ranks' updates with Adasum's pairwise formula
-(written here, independently of core/adasum.py: recursive halves) and applies
+(written here, independently of core/collectives/adasum.py: recursive halves) and applies
 ``start + combined``. The distributed parameters must match after every step, for SGD with
 momentum and for Adam (state kept per rank), with a parameter that only some ranks use.
 

@@ -1,5 +1,5 @@
 """``hvd.allreduce(t, op=hvd.Adasum)`` against a numpy reference of Horovod's formula,
-written here independently of core/adasum.py (recursive halves instead of levels)."""
+written here independently of core/collectives/adasum.py (recursive halves instead of levels)."""
 
 from __future__ import annotations
 

@@ -308,7 +308,7 @@ def check_errors() -> None:
         hvd.allreduce(torch.zeros(2, dtype=torch.complex64), name="bad.c")
     with raises("'bad.params.w'"):
         hvd.broadcast_parameters({"bad.params.w": torch.zeros(2, dtype=torch.uint32)}, 0)
-    with raises("Adasum"):  # floating-point gradients only (core/adasum.py)
+    with raises("Adasum"):  # floating-point gradients only (core/collectives/adasum.py)
         hvd.allreduce(torch.zeros(2, dtype=torch.int32), name="adasum", op=hvd.Adasum)
     with raises("Adasum"):  # the delta optimizer combines real floating-point updates
         hvd.DistributedOptimizer(
