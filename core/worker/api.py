@@ -340,7 +340,12 @@ def _locality(membership: Membership, rank: int) -> Tuple[List[int], List[bool],
 
 
 # The plugins' sources (fastps.torch, ...): frames there are fastps's, not the user's.
-_PLUGINS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins")
+def _our_folders() -> Tuple[str, ...]:
+    """Where fastps's own code lies: the package, and each plugin loaded (in a source
+    checkout the plugins are folders of their own)."""
+    names = ("fastps", "fastps.torch", "fastps.tensorflow", "fastps.mxnet")
+    files = [getattr(sys.modules.get(n), "__file__", None) for n in names]
+    return tuple(os.path.dirname(os.path.abspath(f)) for f in files if f)
 
 
 def _install_excepthook() -> None:
@@ -350,7 +355,7 @@ def _install_excepthook() -> None:
         st = _state
         if isinstance(value, FastPSAbort) and os.environ.get("FASTPS_LAUNCHER"):
             # Another process's failure, which fastpsrun reports once: say only where it hit.
-            ours = (os.path.dirname(os.path.abspath(__file__)), _PLUGINS_DIR)
+            ours = _our_folders()
             frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(ours)]
             at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
             rank_text = f"worker {st.cfg.rank}" if st is not None else "this worker"
