@@ -1,9 +1,15 @@
-"""The simulator against the emulated rack's stored measurements (docs/rack-results): the
-cheap rows, every prediction within 10% (the full table: python -m fastps.sim.calibration)."""
+"""The simulator against the emulated rack's stored measurements (docs/results): the cheap
+rows, every prediction within 10% (the full table: python -m benchmarks.sim_calibration)."""
 
 from __future__ import annotations
 
-from fastps.sim import calibration
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sim_calibration as calibration  # noqa: E402
 
 
 def test_quick_rows_within_ten_percent() -> None:

@@ -1,17 +1,22 @@
-"""The simulator against the emulated rack's stored measurements (docs/rack-results/*.csv).
+"""The simulator against the emulated rack's stored measurements (docs/results/*.csv).
 
 Every row is one measured scenario (n = 4 worker hosts, k CPU hosts, 1 Gbit/s, ResNet-50)
 replayed in the simulator with the measurement's own link goodput. The only fitted number
 is ``layer_overhead_s`` for the training rows, fitted on one row (fastps cross-barrier,
 k = 0) and then held fixed for the others; the communication rows use no fitted number.
 
-The part-size and straggler rows (docs/rack-results/sim-validation/) were measured while
-other jobs loaded the machine: each is the median of repeated runs (the CSVs of every run
-are stored; the row shows the median, the range and the loads), simulated with the median
-of those runs' measured link goodput.
+The part-size and straggler rows (docs/results/sim-validation-quiet/) are the median of
+repeated runs (the CSVs of every run are stored; the row shows the median, the range and
+the loads), simulated with the median of those runs' measured link goodput.
 
-    python -m fastps.sim.calibration            # the table (docs/benchmarks.md section 15)
-    python -m fastps.sim.calibration --quick    # the rows CI checks
+This harness reads the source tree (the CSVs under docs/), so it lives beside the
+benchmarks that wrote them, not in the package; the constants it checks stay in the package
+as code (``fastps.sim.cluster``: RACK_GOODPUT, RACK_LATENCY_S; ``fastps.sim.pushpull``: the
+kernel speed: KERNEL_GBPS), which is all ``python -m fastps.plan`` needs. Run it from the
+checkout's root (a tree from before docs/rack-results/ became docs/results/ is read there):
+
+    python -m benchmarks.sim_calibration           # the table (docs/benchmarks.md section 15)
+    python -m benchmarks.sim_calibration --quick   # the rows CI checks
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import FastPSError
-from . import workload
-from .allreduce import train_allreduce
-from .bound import ring_allreduce
-from .cluster import Cluster, layout
-from .pushpull import CommOptions
-from .training import TrainOptions, communicate, train
+from fastps.errors import FastPSError
+from fastps.sim import workload
+from fastps.sim.allreduce import train_allreduce
+from fastps.sim.bound import ring_allreduce
+from fastps.sim.cluster import Cluster, layout
+from fastps.sim.pushpull import CommOptions
+from fastps.sim.training import TrainOptions, communicate, train
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "rack-results"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+if not RESULTS.is_dir():  # a tree from before docs/rack-results moved to docs/results
+    RESULTS = REPO / "docs" / "rack-results"
 REPEATED = RESULTS / "sim-validation-quiet"
 
 
