@@ -3,8 +3,9 @@
 It runs the real placement (fastps.placement), the real partitioner and push scheduler
 (fastps._core.partition, fastps._core.PushScheduler) over a fluid model of the network
 (links fair-shared or paced, with latency), servers that sum at the measured kernel speed,
-and workers that train the GPU-profile emulator's layers. docs/design/simulator.md explains the
-model, its calibration against the emulated rack, and its limits.
+and workers that train the built-in models' layers (``fastps.sim.models``, the tables the
+GPU-profile emulator trains too). docs/design/simulator.md explains the model, its calibration
+against the emulated rack, and its limits.
 
     from fastps import sim
     w = sim.workload.load("resnet50")
@@ -12,7 +13,7 @@ model, its calibration against the emulated rack, and its limits.
     print(r.iteration_s, r.bound_s)
 """
 
-from . import workload
+from . import models, workload
 from .allreduce import train_allreduce
 from .cluster import Cluster, layout
 from .pushpull import CommOptions
@@ -25,6 +26,7 @@ __all__ = [
     "TrainOptions",
     "communicate",
     "layout",
+    "models",
     "train",
     "train_allreduce",
     "workload",

@@ -111,7 +111,8 @@ def p3_gains(model: str, gbits: Sequence[float], n: int = 4) -> List[Tuple]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("docs/sim-results"))
+    # The docs' plots: --out docs/sim-results in a checkout; elsewhere ./sim-results.
+    p.add_argument("--out", type=Path, default=Path("sim-results"), help="folder for the plots")
     p.add_argument("--models", nargs="+", default=["resnet50", "vgg16", "bert-base"])
     args = p.parse_args(argv)
     import matplotlib

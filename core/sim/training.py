@@ -42,7 +42,8 @@ class TrainOptions:
     jitter: float = 0.0  # relative standard deviation of every layer's time (seeded draws)
     # Host time per layer and pass on top of the GPU's (launch, wake-up). On the emulated rack
     # the layers are sleeps that wake late while 2 shared cores run every host's network
-    # stack and the servers: fitted there (fastps.sim.calibration), ~0 on a real GPU host.
+    # stack and the servers: fitted there (benchmarks/sim_calibration.py), ~0 on a real GPU
+    # host.
     layer_overhead_s: float = 0.0
 
     def check(self) -> None:

@@ -1,9 +1,10 @@
 """What a worker computes and sends per iteration: layers in forward order, each with its
 forward and backward seconds and its gradient tensors (name, bytes).
 
-The built-in models are the GPU-profile emulator's tables (``benchmarks/emulator/models.py``:
-real parameter shapes, per-layer FLOPs, a V100's published ResNet-50 rate), so the simulator
-and the emulated rack train the same layers. A JSON file describes any other model::
+The built-in models are the tables of ``fastps.sim.models`` (real parameter shapes,
+per-layer FLOPs, a V100's published ResNet-50 rate), which the GPU-profile emulator
+(benchmarks/emulator) trains too, so the simulator and the emulated rack train the same
+layers. A JSON file describes any other model::
 
     {"name": "mine", "iteration_s": 0.25,            # forward + backward on one GPU
      "layers": [{"name": "embed", "flops": 1e9,       # share of the time by FLOPs ...
@@ -14,14 +15,13 @@ and the emulated rack train the same layers. A JSON file describes any other mod
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import FastPSError
+from . import models
 
 # The torch plugin names a gradient "grad." + the parameter's name; the emulator's model
 # registers layer "a.b" as module "layers.a_b" (benchmarks/emulator/sleeper.py).
@@ -74,33 +74,17 @@ class Workload:
         )
 
 
-def _emulator_models() -> Any:
-    """benchmarks.emulator.models, from the source tree this package is served from."""
-    try:
-        return importlib.import_module("benchmarks.emulator.models")
-    except ImportError:
-        root = Path(__file__).resolve().parents[2]
-        if (root / "benchmarks" / "emulator" / "models.py").exists():
-            sys.path.insert(0, str(root))
-            return importlib.import_module("benchmarks.emulator.models")
-        raise FastPSError(
-            "the built-in models come from benchmarks/emulator/models.py in the fastps source "
-            "tree, which this installation lacks; describe the model in a JSON file instead"
-        ) from None
-
-
 BUILTIN = ("resnet50", "vgg16", "bert-base")
 
 
 def builtin(name: str, iteration_s: Optional[float] = None) -> Workload:
-    """One of the emulator's models; ``iteration_s`` defaults to its V100 time (FP32)."""
-    em = _emulator_models()
+    """One of the built-in models; ``iteration_s`` defaults to its V100 time (FP32)."""
     key = {"bert-base": "bert", "bert": "bert", "resnet50": "resnet50", "vgg16": "vgg16"}.get(name)
     if key is None:
         raise FastPSError(f"unknown model {name!r}: choose one of {', '.join(BUILTIN)} or a FILE")
-    spec = em.spec(key)
-    seconds = em.reference_iteration_s(spec) if iteration_s is None else iteration_s
-    times = em.layer_times(spec, seconds)
+    spec = models.spec(key)
+    seconds = models.reference_iteration_s(spec) if iteration_s is None else iteration_s
+    times = models.layer_times(spec, seconds)
     layers = []
     for layer, (fwd, bwd) in zip(spec.layers, times):
         module = "layers." + layer.name.replace(".", "_")
