@@ -1,0 +1,23 @@
+"""What ``pip install fastps`` and its extras bring (pyproject.toml), against what the
+commands need: ``python -m fastps.timeline summarize --plot`` names the ``plot`` extra,
+which brings matplotlib."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List
+
+from wheel_layout import pyproject
+
+PROJECT = pyproject()["project"]
+
+
+def _names(requirements: List[str]) -> Dict[str, str]:
+    """Distribution name (normalised) -> the requirement naming it."""
+    return {re.split(r"[\s\[<>=!~;@]", r, maxsplit=1)[0].lower(): r for r in requirements}
+
+
+def test_the_plot_extra_brings_matplotlib() -> None:
+    extras = PROJECT["optional-dependencies"]
+    assert "matplotlib" in _names(extras["plot"]), extras.get("plot")
+    assert "matplotlib" not in _names(PROJECT["dependencies"])  # optional: --plot only
