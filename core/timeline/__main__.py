@@ -21,12 +21,20 @@ def summarize(trace: str, plot_to: str, iteration: int) -> None:
     """Per-stage and per-tensor times, critical path, stragglers, link utilisation."""
     from . import summarize as s
 
+    if plot_to:
+        try:
+            s.pyplot()  # a missing matplotlib stops the command before any work, not after
+        except s.PlotUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
     tl = s.load(trace)
     if not tl.parts:
         raise click.ClickException(f"{trace} holds no complete part of any tensor")
     click.echo(s.report(tl, iteration))
     if plot_to:
-        k = s.plot(tl, plot_to, iteration)
+        try:
+            k = s.plot(tl, plot_to, iteration)
+        except ValueError as exc:  # no complete iteration, or --iteration names none
+            raise click.ClickException(str(exc)) from None
         click.echo(f"\nwrote {plot_to} (iteration {k})")
 
 

@@ -3,17 +3,19 @@
 ``python -m fastps.timeline summarize TRACE`` prints: per-stage and per-tensor times, the
 critical path of one iteration, how far each worker's submissions and pushes trailed the
 first worker's (naming a straggler), and link utilisation. ``--plot out.png`` draws one
-iteration as a Gantt chart (matplotlib). An iteration is one round of every tensor: the
-k-th push_pull of each name.
+iteration as a Gantt chart (matplotlib, the ``plot`` extra: ``pip install 'fastps[plot]'``).
+An iteration is one round of every tensor: the k-th push_pull of each name.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import FastPSError
 from .merge import SERVER_PID_BASE
 
 # A straggler's submissions trail the first worker's by at least this much (median over
@@ -326,18 +328,40 @@ _COLORS = {
 }
 
 
-def plot(tl: Timeline, out: str, iteration: Optional[int] = None) -> int:
-    """Draws one iteration's stages per process and row as a Gantt chart; returns it."""
-    import matplotlib
+class PlotUnavailable(FastPSError, ImportError):
+    """Drawing was asked for where matplotlib cannot be imported (an optional dependency)."""
 
+
+PLOT_INSTALL = "pip install 'fastps[plot]' (or: pip install matplotlib)"
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot``, drawing off-screen (Agg); :class:`PlotUnavailable`, saying
+    what to install, where matplotlib cannot be imported."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotUnavailable(
+            f"drawing the timeline (--plot) needs matplotlib, which {sys.executable} cannot "
+            f"import ({exc}); install it with: {PLOT_INSTALL}"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(tl: Timeline, out: str, iteration: Optional[int] = None) -> int:
+    """Draws one iteration's stages per process and row as a Gantt chart; returns it."""
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     k = iteration if iteration is not None else median_iteration(tl)
     if k is None:
         raise ValueError("the trace has no complete iteration to plot")
     stages = [s for s in tl.stages if s.key[2] == k]
+    if not stages:
+        raise ValueError(f"the trace has no stages of iteration {k} to plot")
     rows = sorted({(s.proc.split()[0] != "worker", int(s.proc.split()[1]), s.tid) for s in stages})
     index = {r: i for i, r in enumerate(rows)}
     t0 = min(s.ts for s in stages)

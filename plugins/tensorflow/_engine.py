@@ -13,7 +13,7 @@ those live in ``fastps.collectives`` and work on host arrays. This module only
 * turns the layer's errors into TensorFlow's error types, as Horovod raises them: ranks that
   disagree (shape, dtype, op) -> ``tf.errors.FailedPreconditionError``, a call made wrongly
   (a name already in flight, bad splits) -> ``tf.errors.InvalidArgumentError`` (both also
-  keep their fastps/Python types: ``CollectiveError``, ``ValueError``).
+  keep their fastps/Python types: ``CollectiveError``; ``ValueError`` and ``FastPSError``).
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ class MismatchError(tf.errors.FailedPreconditionError, C.CollectiveError):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
-class UsageError(tf.errors.InvalidArgumentError, ValueError):
+class UsageError(tf.errors.InvalidArgumentError, ValueError, FastPSError):
     """A call this rank made wrongly (duplicate name in flight, bad splits, a rank outside
-    the process set): raised at once on the caller."""
+    the process set): raised at once on the caller. A FastPSError too, like every error
+    fastps raises."""
 
     def __init__(self, message: str) -> None:
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)

@@ -2,17 +2,32 @@
 
 The whole folder is skipped, with the reason, when TensorFlow cannot be imported by the
 interpreter running pytest (tests/envs/tensorflow.sh prints one that can).
+
+The suite's top-level conftest maps ``fastps`` to the checkout's ``core/`` alone; the plugin
+lives in ``plugins/tensorflow`` and ``fastps.keras`` in ``plugins/tensorflow/_alias``. So
+this conftest lays the whole package out as the wheel does (links in a throwaway folder,
+tests/wheel_layout.py) and puts that folder first on the path of this process and of every
+process a test starts. Where the checkout has no C++ core built for this interpreter, the
+installed fastps (``tests/envs/tensorflow.sh`` installs it) is used.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+CORE = HERE.parent.parent / "core"
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+from wheel_layout import stage  # noqa: E402  (tests/, the suite's helpers)
 
 try:
     import tensorflow  # noqa: F401
@@ -25,6 +40,41 @@ else:
     TF_MISSING = None
 
 
+def _layout() -> Optional[str]:
+    """A folder holding ``fastps`` laid out as the wheel installs it; None without a core
+    built in the checkout for this interpreter."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    if not any((CORE / f"_core{suffix}").exists() for suffix in suffixes):
+        return None
+    base = tempfile.mkdtemp(prefix="fastps-tf-tests-")
+    stage(Path(base))
+    return base
+
+
+def _first(entry: str, path: str) -> str:
+    return os.pathsep.join([entry, *(p for p in path.split(os.pathsep) if p and p != entry)])
+
+
+_BASE = _layout()
+if _BASE is not None:
+    sys.path.insert(0, _BASE)
+    os.environ["PYTHONPATH"] = _first(_BASE, os.environ.get("PYTHONPATH", ""))
+    if "fastps" in sys.modules:
+        # Imported already (the whole suite in one interpreter): let that package find the
+        # plugin and fastps.keras too, rather than loading a second copy of fastps.
+        _pkg_path = sys.modules["fastps"].__path__
+        if os.path.join(_BASE, "fastps") not in _pkg_path:
+            _pkg_path.append(os.path.join(_BASE, "fastps"))
+
+
+@pytest.fixture(autouse=True)
+def _wheel_layout_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps this layout first on the workers' path while a test of this folder runs,
+    whatever another folder's conftest put in front of it since."""
+    if _BASE is not None:
+        monkeypatch.setenv("PYTHONPATH", _first(_BASE, os.environ.get("PYTHONPATH", "")))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     if TF_MISSING is None:
         return
@@ -32,3 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _BASE is not None:
+        shutil.rmtree(_BASE, ignore_errors=True)
