@@ -1,6 +1,6 @@
 """What ``pip install fastps`` and its extras bring (pyproject.toml), against what the
 commands need: ``fastpsrun --progress`` works after the plain install (rich is a base
-dependency, docs/dependencies.md says why); ``python -m fastps.timeline summarize --plot``
+dependency, docs/design/dependencies.md says why); ``python -m fastps.timeline summarize --plot``
 names the ``plot`` extra, which brings matplotlib."""
 
 from __future__ import annotations

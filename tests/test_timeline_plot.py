@@ -5,7 +5,7 @@ non-zero exit, not a traceback; the text summary itself needs no matplotlib.
 matplotlib is made unimportable for one process, in a subprocess by an import blocker that a
 ``sitecustomize`` on PYTHONPATH puts first on ``sys.meta_path``, in this process by a
 ``None`` in ``sys.modules``. The trace is written here: two workers and a server, two rounds
-of one tensor, as the merged timeline lays them out (docs/timeline.md)."""
+of one tensor, as the merged timeline lays them out (docs/guide/timeline.md)."""
 
 from __future__ import annotations
 
