@@ -14,13 +14,14 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from fastps.control.stalls import (
     DeadlockWatch,
+    _ranks,
     control_wait,
     describe,
     describe_deadlock,
     find_deadlock,
     find_stalls,
 )
-from fastps.worker.stall import SubmissionCounts, _ranks
+from fastps.worker.stall import SubmissionCounts
 from jobs import WORKERS
 
 WORKER = os.path.join(WORKERS, "stall_worker.py")
