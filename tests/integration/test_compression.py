@@ -2,7 +2,7 @@
 against the decompress-sum-recompress reference on several data paths and dtypes, error
 feedback converging over a fixed sequence, and compressor mismatches refused naming both
 settings (tests/workers/compression_worker.py does the checking). The codecs alone
-against numpy references: tests/test_compression_codecs.py."""
+against numpy references: tests/unit/test_compression_codecs.py."""
 
 from __future__ import annotations
 

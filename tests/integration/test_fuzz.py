@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+# The fuzzers live in tests/fuzz (also run alone, at length: docs/hardening.md).
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TESTS, "fuzz"))
 
 import control_fuzz  # noqa: E402
 import wire_fuzz  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "examples" / "kubernetes"
 IMAGE_DIR = "/opt/fastps"
 

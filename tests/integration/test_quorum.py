@@ -2,7 +2,8 @@
 worker delayed by 500 ms; the others never wait for it, every result is the exact sum over
 the workers its round counted (scaled by n/k), every worker (the late one included) gets
 the same bytes, and a worker may lag only FASTPS_QUORUM_HISTORY rounds
-(tests/workers/quorum_worker.py does the pushing)."""
+(tests/workers/quorum_worker.py does the pushing). The settings alone:
+tests/unit/test_quorum_settings.py."""
 
 from __future__ import annotations
 
@@ -75,36 +76,3 @@ def test_quorum_lag_is_bounded_by_the_history() -> None:
         waited = [s for s, t in enumerate(took) if t > 0.4 * delay]
         assert waited, f"worker {r} never waited for a worker {delay} s behind: {took}"
         assert at < waited[0] <= at + history, (waited, took)
-
-
-def test_quorum_and_async_settings_are_parsed_and_refused_by_name() -> None:
-    from fastps.config import Config
-    from fastps.errors import FastPSError
-
-    cfg = Config.from_env({"FASTPS_ROUND_QUORUM": "3", "FASTPS_NUM_WORKERS": "4"})
-    assert (cfg.round_quorum, cfg.round_quorum_fraction) == (3, 0.0)
-    cfg = Config.from_env({"FASTPS_ROUND_QUORUM": "0.75", "FASTPS_STALENESS": "2"})
-    assert (cfg.round_quorum, cfg.round_quorum_fraction, cfg.staleness) == (0, 0.75, 2)
-    assert Config.from_env({}).staleness == -1 and Config.from_env({}).mode == "sync"
-    for var, value in [
-        ("FASTPS_ROUND_QUORUM", "0"),
-        ("FASTPS_ROUND_QUORUM", "1.5"),
-        ("FASTPS_ROUND_QUORUM", "three"),
-        ("FASTPS_MODE", "lockstep"),
-        ("FASTPS_STALENESS", "-2"),
-        ("FASTPS_QUORUM_HISTORY", "0"),
-    ]:
-        with pytest.raises(FastPSError, match=var):
-            Config.from_env({var: value})
-
-
-def test_servers_refuse_a_quorum_above_the_workers() -> None:
-    from fastps import _core
-    from fastps.config import Config
-    from fastps.control.server import server_options
-
-    cfg = Config.from_env(
-        {"FASTPS_ROLE": "server", "FASTPS_NUM_WORKERS": "2", "FASTPS_ROUND_QUORUM": "3"}
-    )
-    with pytest.raises(ValueError, match="round_quorum = 3: exceeds the job's 2 workers"):
-        _core.Server(server_options(cfg))

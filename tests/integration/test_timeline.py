@@ -1,7 +1,8 @@
 """The job's timeline (docs/timeline.md), with real processes: fastpsrun writes one
 merged trace that a Chrome-trace checker accepts; spans nest and are ordered; every part
 of every round appears exactly once per stage on every process, on every data path; the
-summary names an injected straggler and agrees with the job's own timing."""
+summary names an injected straggler and agrees with the job's own timing. The merge on
+recorded events alone: tests/unit/test_timeline_rounds.py."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from collections import Counter, defaultdict
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from fastps.timeline import events as ev
 from fastps.timeline import summarize
-from fastps.timeline.merge import _worker_rounds, merge_files
+from fastps.timeline.merge import merge_files
 from fastps.timeline.schema import check
 from jobs import DATA_PATHS, WORKERS, Job
 
@@ -95,25 +95,6 @@ def _check_structure(trace: Dict[str, Any], rounds: int, allowed: List[List[str]
     server_parts = set().union(*[set(c) for pid, c in per_proc.items() if pid > 1000] or [set()])
     if server_parts:
         assert server_parts == set(per_proc[workers[0]])
-
-
-def test_a_written_mark_stamped_after_the_next_round_stays_with_its_round() -> None:
-    """The writer thread stamps 'written' after its last byte; descheduled there (CI load),
-    the stamp can fall after the answer and after the next round's enqueue and send."""
-
-    def e(ts: int, mark: int) -> List[int]:
-        return [ts, 7, 0, 64, mark, 1, 0]
-
-    events = [
-        e(10, ev.ENQUEUE), e(11, ev.SEND), e(13, ev.RESULT_HEADER), e(14, ev.RESULT),
-        e(15, ev.DONE), e(16, ev.ENQUEUE), e(17, ev.SEND),
-        e(18, ev.WRITTEN),  # round 0's, late
-        e(19, ev.WRITTEN), e(20, ev.RESULT_HEADER), e(21, ev.RESULT), e(22, ev.DONE),
-    ]  # fmt: skip
-    rounds, incomplete = _worker_rounds(events)
-    assert incomplete == 0
-    assert [r["marks"][ev.WRITTEN][0] for r in rounds] == [18, 19]
-    assert [sorted(r["marks"]) for r in rounds] == [sorted(ev.WORKER_MARKS - {7, 8, 9})] * 2
 
 
 def test_fastpsrun_writes_one_merged_valid_trace(tmp_path: Any) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # plain `pytest` does not put the repo root on sys.path
     sys.path.insert(0, str(REPO))
 

@@ -2,7 +2,7 @@
 sums are exact and each rack's uplink carries one copy of the model each way, where the
 flat scheme sends twice that.
 
-Rack prefix ``fpsy`` (tests/test_rack.py uses fpst/fpsx/fpss, the smoke test fpsk).
+Rack prefix ``fpsy`` (tests/rack/test_rack.py uses fpst/fpsx/fpss, the smoke test fpsk).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # plain `pytest` does not put the repo root on sys.path
     sys.path.insert(0, str(REPO))
 

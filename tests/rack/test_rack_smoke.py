@@ -4,7 +4,7 @@ host (w0, w1, c0), one worker per worker host, each process in its host's namesp
 
 One push_pull of a tensor spanning several partitions (so every server gets parts) is
 checked element by element on both workers. Needs root; skipped with the reason otherwise.
-Rack prefix ``fpsk`` (the benchmarks use ``fpsr``, tests/test_rack.py ``fpst/fpsx/fpss``).
+Rack prefix ``fpsk`` (the benchmarks use ``fpsr``, tests/rack/test_rack.py ``fpst/fpsx/fpss``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

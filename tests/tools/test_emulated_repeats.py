@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import rack_common as rc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(system: str, k: Any, frac: Any, repeat: int, status: str = "ok", **extra: Any) -> Dict:

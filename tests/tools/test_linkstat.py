@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.rack import linkstat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path) -> None:

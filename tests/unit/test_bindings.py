@@ -16,7 +16,7 @@ from fastps.control.server import server_options
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
 from fastps.worker.api import worker_options
 
-STUB = Path(__file__).resolve().parent.parent / "core" / "_core.pyi"
+STUB = Path(__file__).resolve().parents[2] / "core" / "_core.pyi"
 
 
 def test_core_errors_are_the_public_error_types() -> None:

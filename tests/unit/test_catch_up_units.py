@@ -1,7 +1,7 @@
 """Units of the shared quorum catch-up policy (core/catch_up.py) and of the async exchange's
 restart in a new core session (core/async_mode.py), without a job: the multi-process tests
 are tests/torch/test_torch_quorum.py, tests/tensorflow/test_tf_quorum_catchup.py,
-tests/mxnet/test_mx_quorum_catchup.py and tests/elastic/test_elastic.py (async)."""
+tests/mxnet/test_mx_quorum_catchup.py and tests/integration/elastic/test_elastic.py (async)."""
 
 from __future__ import annotations
 

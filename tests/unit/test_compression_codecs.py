@@ -1,7 +1,7 @@
 """Each compressor of csrc/compression alone, through fastps._core.compress/decompress,
 against a reference written here in numpy; specs parsed and refused by name; bad
 payloads refused instead of read past their end. The compressors through real servers:
-tests/test_compression.py."""
+tests/integration/test_compression.py."""
 
 from __future__ import annotations
 

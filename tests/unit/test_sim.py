@@ -17,7 +17,7 @@ from fastps.sim.bound import byteps_bound, link_bound, ring_allreduce
 from fastps.sim.cluster import group_pacing
 from fastps.sim.network import fair_rates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST_SERVER = dict(kernel_gbps=1e9, message_s=0.0)  # summing takes no time
 
 

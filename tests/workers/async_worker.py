@@ -1,4 +1,4 @@
-"""Async mode (docs/async.md) from one worker's side, run by tests/test_async.py. The
+"""Async mode (docs/async.md) from one worker's side, run by tests/integration/test_async.py. The
 servers keep a parameter of ELEMS float64 (several parts over every server); rank 0 sets it
 to 1, the others start from 0 and receive rank 0's 1 (plus updates already made). Each step
 a worker pushes the delta (rank + 1) and receives the parameter; the worker at rank ``slow``

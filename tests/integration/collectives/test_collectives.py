@@ -38,7 +38,7 @@ def test_every_collective(subprocess_env: Dict[str, str], adapter: str, np_: int
             adapter,
         ],
         env=env,
-        cwd=str(HERE.parents[1]),
+        cwd=str(HERE.parents[2]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from live_job import LiveJob, discovery_script  # noqa: E402
 
-EXAMPLE = HERE.parents[1] / "examples" / "torch" / "elastic_digits.py"
+EXAMPLE = HERE.parents[2] / "examples" / "torch" / "elastic_digits.py"
 MIN_ACCURACY = 0.95
 JOB_TIMEOUT = 420
 

@@ -30,10 +30,10 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPAT = ROOT / "tests" / "horovod_compat"
 CHECKOUT = Path(os.environ.get("HOROVOD_CHECKOUT", "/tmp/horovod"))
-sys.path.insert(0, str(ROOT / "tests" / "elastic"))
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "elastic"))
 from live_job import LiveJob, discovery_script  # noqa: E402
 
 SCENARIOS = ("test/integration/elastic_common.py", "test/integration/data/elastic_torch_main.py")

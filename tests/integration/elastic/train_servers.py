@@ -1,6 +1,7 @@
 """Training under fastpsrun with FASTPS_ELASTIC_SERVERS=1 while servers die and join
-(tests/elastic/test_elastic_servers.py). Rank 0 acts on the servers at given steps, right
-after the step's push_pulls started, so each change lands while parts are in flight:
+(tests/integration/elastic/test_elastic_servers.py). Rank 0 acts on the servers at given
+steps, right after the step's push_pulls started, so each change lands while parts are in
+flight:
 
   KILL="10:1,25:2"  SIGKILL server 1 at step 10 and server 2 at step 25 (ids; "8:1+2"
                     kills two at once)
