@@ -1,7 +1,7 @@
 """Elastic recovery after a SIGKILL on loopback.
 
 Runs ``fastpsrun --min-np 1 --host-discovery-script 'echo localhost:N'`` on
-``tests/elastic/train_elastic.py`` (a small torch model, a step of about 0.1 s); the
+``tests/integration/elastic/train_elastic.py`` (a small torch model, a step of about 0.1 s); the
 worker on the last slot SIGKILLs itself in the middle of a backward pass (push_pulls in
 flight). Reports per run, from the processes' own clocks:
 
@@ -47,7 +47,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(REPO, "tests", "elastic", "train_elastic.py")
+TRAIN = os.path.join(REPO, "tests", "integration", "elastic", "train_elastic.py")
 
 
 def one_run(workers: int, kill_step: int, steps: int, args: argparse.Namespace) -> tuple:
@@ -105,7 +105,7 @@ def _spare_run(
     file, and the worker kills itself in its next backward pass); returns the job's output
     (stdout-like: the kill and rank 0's steps; stderr-like: everything) once the new
     generation, of the same size, made two steps."""
-    sys.path.insert(0, os.path.join(REPO, "tests", "elastic"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "integration", "elastic"))
     from live_job import LiveJob
 
     job = LiveJob(args, env)

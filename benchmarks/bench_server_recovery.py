@@ -1,7 +1,7 @@
 """Recovery after a summation server is SIGKILLed, or a server joins, on loopback, with
 FASTPS_ELASTIC_SERVERS=1 (no rollback: docs/guide/elastic.md).
 
-Runs ``fastpsrun -np W --num-servers S`` on ``tests/elastic/train_servers.py`` (numpy
+Runs ``fastpsrun -np W --num-servers S`` on ``tests/integration/elastic/train_servers.py`` (numpy
 gradients of 350k float32 through ``fastps.api``); at step 10 rank 0 SIGKILLs server 1
 right after the step's push_pulls started, and (``--add``) at step 20 starts a server with
 ``python -m fastps.server``. Reports per run, on rank 0's clock: **kill->step**, from the
@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(REPO, "tests", "elastic", "train_servers.py")
+TRAIN = os.path.join(REPO, "tests", "integration", "elastic", "train_servers.py")
 
 
 def one_run(workers: int, servers: int, add: bool) -> dict:

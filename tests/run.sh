@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Sets up everything the test suite needs on a fresh machine and runs all of it:
-# the C++ unit tests, the core and PyTorch tests in this interpreter, then TensorFlow and MXNet in the
-# environments their own scripts build (tests/envs/<framework>.sh prints its python).
+# Sets up everything the test suite needs on a fresh machine and runs all of it: the unit
+# tier first (tests/unit: no process, under a minute; a failure there is reported and the rest
+# still runs), the C++ unit tests, lint and mypy, the other core tiers (tests/integration,
+# tests/rack, tests/tools) and PyTorch's tests in this interpreter, then TensorFlow and MXNet in
+# the environments their own scripts build (tests/envs/<framework>.sh prints its python).
+# tests/README.md says which tier a test belongs to.
 # Usage: tests/run.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,13 +14,20 @@ echo "== installing build and test dependencies"
 $PY -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=1.1" "pybind11>=2.11" cmake ninja numpy click \
   pytest pytest-timeout scikit-learn matplotlib "ruff==0.17.6" pyyaml mypy rich torch==2.13.0 \
-  mock psutil cloudpickle  # the last three: Horovod's elastic scenarios (tests/elastic/test_horovod_elastic.py)
+  mock psutil cloudpickle  # the last three: Horovod's elastic scenarios (tests/integration/elastic/test_horovod_elastic.py)
 # Editable, so the test workers import this checkout; scikit-build-core configures CMake in a
 # fresh temporary directory each time, so nothing an earlier build left is trusted.
 echo "== building fastps (C++ core), editable"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 
 status=0
+unit=0
+echo "== unit tests (tests/unit)"
+$PY -m pytest -q tests/unit "$@" || { unit=1; status=1; }
+if [ $unit = 1 ]; then
+  echo "unit tests failed (above); running the rest of the suite anyway" >&2
+fi
+
 echo "== C++ unit tests (GoogleTest through ctest)"
 tests/cpp/run.sh || status=1
 
@@ -39,8 +49,9 @@ if [ -z "${FASTPS_VISION_PYTHON:-}" ] && { [ "${FASTPS_VISION:-0}" = 1 ] || [ -d
   fi
 fi
 
-echo "== core and PyTorch tests"
-$PY -m pytest -q tests --ignore=tests/tensorflow --ignore=tests/mxnet "$@" || status=1
+echo "== core tests (integration, rack, tools) and PyTorch tests"
+$PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet "$@" ||
+  status=1
 
 for fw in tensorflow mxnet; do
   if [ -f "tests/envs/$fw.sh" ] && [ -d "tests/$fw" ]; then
@@ -54,4 +65,7 @@ for fw in tensorflow mxnet; do
     fi
   fi
 done
+if [ $unit = 1 ]; then
+  echo "== the unit tests failed: see the first section above" >&2
+fi
 exit $status

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds (or brings up to date) an environment with torch and a torchvision that loads beside
 # it, for the tests that run torchvision models (Horovod's elastic synthetic benchmark,
-# tests/elastic/test_horovod_elastic.py), and prints its python on the last line of stdout:
+# tests/integration/elastic/test_horovod_elastic.py), and prints its python on the last line of stdout:
 #
 #   export FASTPS_VISION_PYTHON=$(bash tests/envs/vision.sh | tail -n 1)
-#   HOROVOD_CHECKOUT=/path/to/horovod python -m pytest tests/elastic/test_horovod_elastic.py
+#   HOROVOD_CHECKOUT=/path/to/horovod python -m pytest tests/integration/elastic/test_horovod_elastic.py
 #
 # The main environment has torch 2.13.0, the CPU build; PyPI's torchvision wheels link
 # CUDA's libraries and fail to import beside it ("operator torchvision::nms does not

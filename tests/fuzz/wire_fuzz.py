@@ -11,7 +11,7 @@ the server process must still be alive: no crash, no stall, no corrupted state.
 
     python tests/fuzz/wire_fuzz.py --cases 100000 [--seed N]
 
-The default test suite runs a few hundred cases (tests/test_fuzz.py).
+The default test suite runs a few hundred cases (tests/integration/test_fuzz.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ bugs of Horovod's; all of them run here except ``test_min_hosts_timeout``, whose
 an argument its ``_run`` does not take (a TypeError before anything starts).
 
 Run: ``HOROVOD_CHECKOUT=/path/to/horovod PYTHONPATH=tests/horovod_compat python -m pytest
-tests/horovod_compat/elastic_torch_scenarios.py`` (``tests/elastic/test_horovod_elastic.py``
-does this when a checkout is present).
+tests/horovod_compat/elastic_torch_scenarios.py``
+(``tests/integration/elastic/test_horovod_elastic.py`` does this when a checkout is present).
 """
 
 from __future__ import annotations

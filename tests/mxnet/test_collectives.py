@@ -1,4 +1,4 @@
-"""The shared collectives harness (``tests/collectives/worker.py``) through the MXNet
+"""The shared collectives harness (``tests/integration/collectives/worker.py``) through the MXNet
 plugin: every collective, mismatches, duplicate names, process sets and join, as real jobs
 of 1, 2 and 4 workers. (It lives here because only the MXNet environment has MXNet.)"""
 
@@ -9,7 +9,7 @@ from mxnet_jobs import ROOT, fastpsrun, require_mxnet
 
 require_mxnet()
 
-WORKER = ROOT / "tests" / "collectives" / "worker.py"
+WORKER = ROOT / "tests" / "integration" / "collectives" / "worker.py"
 CHECKS = ["mismatch OK", "duplicate OK", "out of order OK", "process sets OK", "join OK", "ALL OK"]
 
 

@@ -20,7 +20,7 @@ from mxnet_jobs import EXAMPLES, ROOT, job_env, require_mxnet
 require_mxnet()
 pytest.importorskip("sklearn")
 
-sys.path.insert(0, str(ROOT / "tests" / "elastic"))
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "elastic"))
 from live_job import LiveJob, discovery_script  # noqa: E402
 
 EXAMPLE = EXAMPLES / "gluon_elastic_digits.py"

@@ -1,13 +1,14 @@
-"""The shared collectives harness (``tests/collectives/worker.py``) through the TensorFlow
-plugin, in the TensorFlow environment (tests/envs/tensorflow.sh): every collective,
-mismatches, duplicate names, process sets and join, as real jobs of 1, 2 and 4 workers."""
+"""The shared collectives harness (``tests/integration/collectives/worker.py``) through the
+TensorFlow plugin, in the TensorFlow environment (tests/envs/tensorflow.sh): every
+collective, mismatches, duplicate names, process sets and join, as real jobs of 1, 2 and 4
+workers."""
 
 from __future__ import annotations
 
 import pytest
 from tfjobs import ROOT, fastpsrun, tail
 
-WORKER = ROOT / "tests" / "collectives" / "worker.py"
+WORKER = ROOT / "tests" / "integration" / "collectives" / "worker.py"
 CHECKS = ["mismatch OK", "duplicate OK", "out of order OK", "process sets OK", "join OK", "ALL OK"]
 
 

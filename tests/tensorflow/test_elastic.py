@@ -148,7 +148,7 @@ def test_worker_joins_keras_fit(tmp_path, subprocess_env):
     generation again (same shapes), the newcomer traces its own; both must check the
     gradients together and average over the new world (this hung until
     FASTPS_OP_TIMEOUT: the survivors had cached the first generation's gradient check)."""
-    sys.path.insert(0, str(HERE.parent / "elastic"))
+    sys.path.insert(0, str(HERE.parent / "integration" / "elastic"))
     sys.path.insert(0, str(HERE / "workers"))
     import keras_fit_elastic
     from live_job import LiveJob, discovery_script

@@ -18,7 +18,7 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("sklearn")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "elastic"))
+sys.path.insert(0, str(HERE.parent / "integration" / "elastic"))
 from live_job import LiveJob, discovery_script  # noqa: E402
 
 EXAMPLE = HERE.parents[1] / "examples" / "tensorflow" / "keras_elastic_digits.py"

@@ -1,10 +1,11 @@
-"""Async mode (docs/guide/async.md) from one worker's side, run by tests/test_async.py. The
-servers keep a parameter of ELEMS float64 (several parts over every server); rank 0 sets it
-to 1, the others start from 0 and receive rank 0's 1 (plus updates already made). Each step
-a worker pushes the delta (rank + 1) and receives the parameter; the worker at rank ``slow``
-sleeps ``delay`` s before each step. Prints per step a ``STEP`` JSON line (wall time, the
-least and most applied deltas), after a barrier reads the parameter back (every update
-applied: a ``READ`` line), and prints ``rank R OK async``."""
+"""Async mode (docs/guide/async.md) from one worker's side, run by
+tests/integration/test_async.py. The servers keep a parameter of ELEMS float64 (several
+parts over every server); rank 0 sets it to 1, the others start from 0 and receive rank 0's
+1 (plus updates already made). Each step a worker pushes the delta (rank + 1) and receives
+the parameter; the worker at rank ``slow`` sleeps ``delay`` s before each step. Prints per
+step a ``STEP`` JSON line (wall time, the least and most applied deltas), after a barrier
+reads the parameter back (every update applied: a ``READ`` line), and prints ``rank R OK
+async``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Checks gradient compression end to end (docs/guide/compression.md), run by
-tests/test_compression.py as N workers against real servers. Modes:
+tests/integration/test_compression.py as N workers against real servers. Modes:
 
 * ``sum``: every codec × dtype, tensors cut into several parts over the servers. For the
   deterministic codecs (fp16, bf16, onebit, top-k) each part of the result must equal

@@ -1,5 +1,5 @@
-"""A worker for tests/test_stall.py: deadlocks the stall inspector must prove permanent, and
-a job that only looks stuck. SCENARIO:
+"""A worker for tests/integration/test_stall.py: deadlocks the stall inspector must prove
+permanent, and a job that only looks stuck. SCENARIO:
 
 - ``order``: push_pull 'a' then 'b' on rank 0, 'b' then 'a' on the others;
 - ``collective_order``: the same with the collective layer's allreduce (the waits are

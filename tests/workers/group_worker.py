@@ -1,4 +1,4 @@
-"""Worker program for tests/test_grouped.py: grouped push_pull and submission batches.
+"""Worker program for tests/integration/test_grouped.py: grouped push_pull and submission batches.
 
 Every worker runs the same script, so every error case happens on all of them at once and
 the job stays in step. Exits non-zero (with the reason) on a wrong sum or a missing error.

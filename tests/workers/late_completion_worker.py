@@ -1,4 +1,4 @@
-"""A worker for tests/test_late_completion.py: a rank gives up on an op just as its
+"""A worker for tests/integration/test_late_completion.py: a rank gives up on an op just as its
 gather completes (the scheduler sent the completion, the rank had not read it yet), as a
 loaded machine makes happen when an op timeout or a test's timeout fires.
 

@@ -1,5 +1,5 @@
-"""Worker program for tests/test_push_order.py: every worker submits the same tensors in a
-different order and with staggered timing, then checks every sum exactly.
+"""Worker program for tests/integration/test_push_order.py: every worker submits the same
+tensors in a different order and with staggered timing, then checks every sum exactly.
 
 With a tiny answer window, tiny parts and several servers, workers start pushing different
 parts first; the window must still never block all of them (no hang), and every sum must be

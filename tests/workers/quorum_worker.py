@@ -1,9 +1,10 @@
-"""Quorum rounds (docs/guide/async.md) from one worker's side, run by tests/test_quorum.py with
-FASTPS_ROUND_QUORUM=k. Each step every worker pushes 2**rank * (step+1) * (1 + i % 7) at
-element i, so a result names the workers its round counted: result = S * n/k, S the sum
-over the counted workers. The worker at rank ``slow`` sleeps ``delay`` s before step
-``at``. Prints per step a ``STEP`` JSON line: its wall time, the result's digest, and the
-set of counted workers (as a mask) found in every element; then ``rank R OK quorum``."""
+"""Quorum rounds (docs/guide/async.md) from one worker's side, run by
+tests/integration/test_quorum.py with FASTPS_ROUND_QUORUM=k. Each step every worker pushes
+2**rank * (step+1) * (1 + i % 7) at element i, so a result names the workers its round
+counted: result = S * n/k, S the sum over the counted workers. The worker at rank ``slow``
+sleeps ``delay`` s before step ``at``. Prints per step a ``STEP`` JSON line: its wall time,
+the result's digest, and the set of counted workers (as a mask) found in every element;
+then ``rank R OK quorum``."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def counted_masks(result: np.ndarray, step: int, n: int, k: int) -> set:
 
 
 def step_line(out: np.ndarray, step: int, took: float, n: int, k: int) -> str:
-    """The ``STEP`` line tests/test_quorum.py (and the plugins' quorum tests) read."""
+    """The ``STEP`` line tests/integration/test_quorum.py (and the plugins' quorum tests) read."""
     masks = counted_masks(out, step, n, k)
     record = {
         "step": step,

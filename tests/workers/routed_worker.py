@@ -1,7 +1,7 @@
 """Checks the routed data-plane modes behind allgather, broadcast, alltoall, reducescatter
 and Min/Max allreduce (forward / want-only pushes, docs/design/architecture.md "Bytes on the
 wire"): exact results with uneven sizes, the bytes each op moves on this worker's sockets
-against the minimum, and the core's refusals. Run by tests/test_routed.py as N workers.
+against the minimum, and the core's refusals. Run by tests/integration/test_routed.py as N workers.
 Prints ``rank R OK routed`` and a ``STATS`` line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A worker for tests/test_stall.py: every rank pushes 'common'; then every rank but
+"""A worker for tests/integration/test_stall.py: every rank pushes 'common'; then every rank but
 LATE_RANK pushes 'lonely' at once, while LATE_RANK pushes it only after LATE_S seconds
 (never, if LATE_S < 0), so the others stall on it."""
 

@@ -1,4 +1,4 @@
-"""Worker of a job on the shared multi-tenant server host (tests/test_shared_server.py).
+"""Worker of a job on the shared multi-tenant server host (tests/integration/test_shared_server.py).
 
 argv: job tag (an integer mixed into every value, so another job's data in a sum would
 show), elements per tensor, seconds to run (or a number of rounds with a trailing "r").

@@ -1,4 +1,4 @@
-"""A worker for tests/test_timeline.py: ITERS rounds of three tensors (a small one, one
+"""A worker for tests/integration/test_timeline.py: ITERS rounds of three tensors (a small one, one
 cut into several parts, one in between), submitted together. DELAY_RANK sleeps
 DELAY_RANK_S before each round (an injected straggler). Prints each round's own timing
 (submission to the last synchronize) as "ROUND k us". PAUSE_S sleeps after every round on
