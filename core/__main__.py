@@ -7,12 +7,18 @@ are the user's own program.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from fastps.config import stated_role
+from fastps.errors import ConfigError
 
 
 def main() -> None:
-    role = os.environ.get("FASTPS_ROLE", "").lower()
+    try:
+        role = stated_role()
+    except ConfigError as exc:  # neither scheduler nor server, nor worker
+        print(f"python -m fastps: {exc}", file=sys.stderr)
+        sys.exit(2)
     if role == "scheduler":
         from fastps.control.scheduler import main as run
     elif role == "server":

@@ -1,8 +1,16 @@
 """Configuration of a fastps process, read from ``FASTPS_*`` environment variables.
 
+This module is the only reader of ``FASTPS_*`` variables (``tests/unit/test_config_reads.py``
+holds the rest of the package to that), and each variable has its one default here.
+:meth:`Config.from_env` reads them all at start-up. Settings asked for before a whole
+``Config`` can be built, or read again when an object is made (a plugin's optimizer asks
+``FASTPS_SFB`` each time), have a small function of their own below (:func:`sfb_mode`,
+:func:`cross_barrier`, :func:`elastic_timeout`, ...), which ``from_env`` uses too.
+
 Every variable is documented, with its default, in ``docs/reference/configuration.md``. A value that
-cannot be parsed or is out of range raises :class:`~fastps.errors.FastPSError` naming the
-variable and the value, so a typo fails at start-up instead of deep inside a job.
+cannot be parsed or is out of range raises :class:`~fastps.errors.ConfigError` (a
+FastPSError) naming the variable and the value, so a typo fails at start-up instead of deep
+inside a job.
 
 Rank and world size fall back to the variables of other launchers when the ``FASTPS_``
 ones are unset: torchrun (``RANK``/``WORLD_SIZE``), SLURM (``SLURM_PROCID``/
@@ -21,11 +29,32 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from fastps.control.netif import interface_address
-from fastps.errors import FastPSError
+from fastps.errors import ConfigError, FastPSError
 
 __all__ = [
     "Config",
     "ROLES",
+    "SFB_MODES",
+    "cross_barrier",
+    "elastic_addr",
+    "elastic_defer_join",
+    "elastic_discovery_interval",
+    "elastic_id",
+    "elastic_inplace",
+    "elastic_job_id",
+    "elastic_timeout",
+    "gc_freeze",
+    "host_bandwidths",
+    "job_token",
+    "launched_by",
+    "link_mbit",
+    "network_interface",
+    "rack_uplinks",
+    "sfb_mode",
+    "stated_host",
+    "stated_job_id",
+    "stated_role",
+    "topology_spec",
     "parse_addr",
     "format_addr",
     "parse_size",
@@ -35,6 +64,7 @@ __all__ = [
 ]
 
 ROLES = ("worker", "server", "scheduler")
+DEFAULT_ROLE = "worker"
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -102,10 +132,22 @@ DEFAULT_OP_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 DEFAULT_LOG_LEVEL = "WARNING"
+# The standalone scheduler (python -m fastps.scheduler) logs who registered and what it
+# waits for unless FASTPS_LOG_LEVEL says otherwise (Config.scheduler_log_level).
+DEFAULT_SCHEDULER_LOG_LEVEL = "INFO"
 # Timeline events each recording thread's ring holds between drains (32 bytes each; the
 # recorder drains every 0.2 s, so 256 Ki events absorb ~1.3 M parts/s per thread).
 DEFAULT_TIMELINE_EVENTS = 256 * 1024
 DEFAULT_STALL_WARNING = 60.0  # s a tensor may wait for ranks that did not submit it
+# Sufficient-factor broadcasting (FASTPS_SFB; fastps.collectives.sfb, docs/guide/sfb.md).
+SFB_MODES = ("off", "auto", "on")
+DEFAULT_SFB = "off"
+# Elastic mode (docs/guide/elastic.md): how long a worker's rendezvous waits (Horovod's default),
+# and how often fastpsrun's driver runs the host discovery script (at least every
+# MIN_DISCOVERY_INTERVAL s: the script is a process start, the CPU must not spin on it).
+DEFAULT_ELASTIC_TIMEOUT = 600.0
+DISCOVERY_INTERVAL = 1.0
+MIN_DISCOVERY_INTERVAL = 0.05
 
 # Fallback variables, in order of preference, when the FASTPS_ one is unset.
 RANK_FALLBACKS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
@@ -118,8 +160,8 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 T = TypeVar("T")
 
 
-def _bad(var: str, value: str, why: str) -> FastPSError:
-    return FastPSError(f"invalid {var}={value!r}: {why}")
+def _bad(var: str, value: str, why: str) -> ConfigError:
+    return ConfigError(f"invalid {var}={value!r}: {why}")
 
 
 def _quorum(text: Optional[str]) -> Tuple[int, float]:
@@ -314,7 +356,15 @@ class _Env:
 
     def switch(self, var: str, default: bool) -> bool:
         """An on/off variable: 1/0, true/false, yes/no, on/off (any case); unset: default."""
-        text = (self.raw(var) or ("1" if default else "0")).strip().lower()
+        value = self.optional_switch(var)
+        return default if value is None else value
+
+    def optional_switch(self, var: str) -> Optional[bool]:
+        """An on/off variable, None when unset (the caller's default applies)."""
+        raw = self.raw(var)
+        if raw is None:
+            return None
+        text = raw.lower()
         if text not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
             raise _bad(var, text, "expected 1/0 (true/false, yes/no, on/off)")
         return text in ("1", "true", "yes", "on")
@@ -339,11 +389,166 @@ class _Env:
         return result
 
 
+def _read(env: Optional[Mapping[str, str]]) -> _Env:
+    return _Env(os.environ if env is None else env)
+
+
+# ------------------------------------------------------------------------------------------
+# One variable at a time: for what is asked before a whole Config can be built (the role of
+# ``python -m fastps``, an elastic worker's rendezvous before it knows its rank), or again
+# whenever an object is made (a plugin's optimizer). ``env``: default ``os.environ``, read
+# at the call. Config.from_env reads the same variables through these.
+
+
+def stated_role(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_ROLE (one of ROLES), or None when unset (a worker, for Config)."""
+    e = _read(env)
+    raw = e.raw("FASTPS_ROLE")
+    if raw is None:
+        return None
+    if raw.lower() not in ROLES:
+        raise _bad("FASTPS_ROLE", raw, f"expected one of {ROLES}")
+    return raw.lower()
+
+
+def stated_job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_JOB_ID, checked (:func:`validate_job_id`), or None when unset (Config then
+    derives one from the scheduler's port)."""
+    job_id = _read(env).raw("FASTPS_JOB_ID")
+    return None if job_id is None else validate_job_id(job_id)
+
+
+def job_token(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_TOKEN, the job's shared secret, as given ("" when unset)."""
+    return _read(env).env.get("FASTPS_TOKEN", "")
+
+
+def stated_host(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_HOST, the address this process advertises, or None when unset (Config then
+    asks FASTPS_IFACE, else :func:`default_advertised_host`)."""
+    return _read(env).raw("FASTPS_HOST")
+
+
+def network_interface(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_IFACE: the interface whose IPv4 address to advertise, or None."""
+    return _read(env).raw("FASTPS_IFACE")
+
+
+def launched_by(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_LAUNCHER: the launcher that started this process and reports an abort's
+    reason itself ("fastpsrun"), or "" (the process says it)."""
+    return _read(env).raw("FASTPS_LAUNCHER") or ""
+
+
+def link_mbit(env: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """FASTPS_LINK_MBIT: every host's link rate in Mbit/s (0: unpaced), None for ``auto``
+    (the default: each process reads its own link, ``fastps.control.linkspeed``)."""
+    return _read(env).rate_or_auto("FASTPS_LINK_MBIT")
+
+
+def host_bandwidths(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_HOST_BANDWIDTHS as written (``host=Mbit/s,...``; parsed and checked by
+    ``fastps.control.placement.parse_bandwidths``), or None."""
+    return _read(env).raw("FASTPS_HOST_BANDWIDTHS")
+
+
+def rack_uplinks(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_RACK_UPLINKS as written (``rack=Mbit/s,...``; parsed and checked by
+    ``fastps.control.placement.parse_rack_rates``), or None."""
+    return _read(env).raw("FASTPS_RACK_UPLINKS")
+
+
+def topology_spec(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_TOPOLOGY as written (parsed by ``fastps.worker.topology``), or None: ask
+    ``nvidia-smi topo -m``."""
+    return _read(env).raw("FASTPS_TOPOLOGY")
+
+
+def sfb_mode(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_SFB: ``off`` (the default), ``auto`` or ``on`` (docs/guide/sfb.md)."""
+    e = _read(env)
+    raw = e.raw("FASTPS_SFB")
+    if raw is None:
+        return DEFAULT_SFB
+    if raw.lower() not in SFB_MODES:
+        raise _bad("FASTPS_SFB", raw, f"expected one of {', '.join(SFB_MODES)}")
+    return raw.lower()
+
+
+def cross_barrier(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """FASTPS_CROSS_BARRIER: on or off, or None when unset: then each plugin's own default
+    applies (on for torch, off for Keras and MXNet; ``fastps.collectives.basics``)."""
+    return _read(env).optional_switch("FASTPS_CROSS_BARRIER")
+
+
+def gc_freeze(env: Optional[Mapping[str, str]] = None) -> bool:
+    """FASTPS_GC_FREEZE: freeze the heap after the first torch step (default on)."""
+    return _read(env).switch("FASTPS_GC_FREEZE", True)
+
+
+def elastic_addr(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_ELASTIC_ADDR: host:port of the elastic driver's rendezvous service; set (by
+    fastpsrun) only in an elastic worker. "" otherwise."""
+    return _read(env).raw("FASTPS_ELASTIC_ADDR") or ""
+
+
+def elastic_id(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_ELASTIC_ID: this elastic worker's slot, ``host:index`` ("" when unset)."""
+    return _read(env).raw("FASTPS_ELASTIC_ID") or ""
+
+
+def elastic_job_id(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_ELASTIC_JOB_ID: the elastic job's id, which keys the rendezvous service's MAC
+    (each generation's FASTPS_JOB_ID adds ``-g<k>``); "" when unset."""
+    return _read(env).raw("FASTPS_ELASTIC_JOB_ID") or ""
+
+
+def elastic_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """FASTPS_ELASTIC_TIMEOUT: seconds an elastic worker's rendezvous may wait."""
+    return _read(env).seconds("FASTPS_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT)
+
+
+def elastic_inplace(env: Optional[Mapping[str, str]] = None) -> str:
+    """FASTPS_ELASTIC_INPLACE: ``""`` (off, the default), ``"commit"`` (``1``: a worker lost
+    in the first step after a commit is replaced in place) or ``"any"`` (in any step)."""
+    raw = _read(env).raw("FASTPS_ELASTIC_INPLACE")
+    value = (raw or "0").lower()
+    if value in ("0", "false", "no", "off"):
+        return ""
+    if value == "any":
+        return "any"
+    if value in ("1", "true", "yes", "on", "commit"):
+        return "commit"
+    raise _bad("FASTPS_ELASTIC_INPLACE", value, "use 1 (the first step after a commit), any, or 0")
+
+
+def elastic_discovery_interval(env: Optional[Mapping[str, str]] = None) -> float:
+    """FASTPS_ELASTIC_DISCOVERY_INTERVAL: seconds between runs of the host discovery
+    script, at least MIN_DISCOVERY_INTERVAL."""
+    e = _read(env)
+    raw = e.raw("FASTPS_ELASTIC_DISCOVERY_INTERVAL")
+    if raw is None:
+        return DISCOVERY_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise _bad("FASTPS_ELASTIC_DISCOVERY_INTERVAL", raw, "expected a number of seconds > 0")
+    return max(value, MIN_DISCOVERY_INTERVAL)
+
+
+def elastic_defer_join(env: Optional[Mapping[str, str]] = None) -> bool:
+    """FASTPS_ELASTIC_DEFER_JOIN: a new worker interrupts the others at the first commit
+    after it asked to join, not after it was discovered (default off)."""
+    return _read(env).switch("FASTPS_ELASTIC_DEFER_JOIN", False)
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings of one fastps process (see ``docs/reference/configuration.md``)."""
 
-    role: str = "worker"
+    role: str = DEFAULT_ROLE
     scheduler_addr: Optional[Tuple[str, int]] = None
     job_id: str = ""
     token: str = ""
@@ -353,6 +558,8 @@ class Config:
     server_id: int = 0
     server_port: int = 0
     host: str = "127.0.0.1"
+    # FASTPS_IFACE: the interface whose address ``host`` is when FASTPS_HOST is unset.
+    iface: Optional[str] = None
     hostname: str = ""
     # FASTPS_RACK: the rack this process is in (rack-level hierarchy, docs/guide/rack-hierarchy.md);
     # "" everywhere: one flat job.
@@ -387,6 +594,7 @@ class Config:
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     log_level: str = DEFAULT_LOG_LEVEL
+    log_level_source: Optional[str] = None  # "FASTPS_LOG_LEVEL" when set; None: the default
     # Where the job's merged timeline goes (FASTPS_TIMELINE); None: no timeline.
     timeline: Optional[str] = None
     timeline_events: int = DEFAULT_TIMELINE_EVENTS
@@ -408,28 +616,52 @@ class Config:
     quorum_catch_up: bool = False
     mode: str = "sync"
     staleness: int = -1
+    # Who started this process (FASTPS_LAUNCHER, "fastpsrun"): it reports an abort's reason
+    # once, so the process does not repeat it. "": started by hand or by another engine.
+    launcher: str = ""
+    # Placement inputs, as written (fastps.control.placement parses them):
+    # FASTPS_HOST_BANDWIDTHS (host=Mbit/s,...) and FASTPS_RACK_UPLINKS (rack=Mbit/s,...).
+    host_bandwidths: Optional[str] = None
+    rack_uplinks: Optional[str] = None
+    # FASTPS_TOPOLOGY: this host's GPU/PCIe layout (fastps.worker.topology); None: ask
+    # nvidia-smi.
+    topology: Optional[str] = None
+    # The plugins' options (docs/reference/configuration.md): FASTPS_SFB,
+    # FASTPS_CROSS_BARRIER (None: the plugin's default, fastps.collectives.basics) and
+    # FASTPS_GC_FREEZE (torch).
+    sfb: str = DEFAULT_SFB
+    cross_barrier: Optional[bool] = None
+    gc_freeze: bool = True
+    # Elastic mode (docs/guide/elastic.md). Set by fastpsrun's elastic driver in each worker:
+    # FASTPS_ELASTIC_ADDR (its rendezvous service; "" means not an elastic worker),
+    # FASTPS_ELASTIC_ID (the worker's slot), FASTPS_ELASTIC_JOB_ID, FASTPS_ELASTIC_TIMEOUT.
+    # FASTPS_ELASTIC_INPLACE: "", "commit" or "any". The driver's own:
+    # FASTPS_ELASTIC_DISCOVERY_INTERVAL and FASTPS_ELASTIC_DEFER_JOIN.
+    elastic_addr: str = ""
+    elastic_id: str = ""
+    elastic_job_id: str = ""
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
+    elastic_inplace: str = ""
+    elastic_discovery_interval: float = DISCOVERY_INTERVAL
+    elastic_defer_join: bool = False
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Config:
         """Reads the configuration from ``env`` (default: ``os.environ``)."""
-        e = _Env(os.environ if env is None else env)
+        e = _read(env)
 
-        role = (e.raw("FASTPS_ROLE") or "worker").lower()
-        if role not in ROLES:
-            raise _bad("FASTPS_ROLE", e.raw("FASTPS_ROLE") or "", f"expected one of {ROLES}")
+        role = stated_role(e.env) or DEFAULT_ROLE
 
         addr_text = e.raw("FASTPS_SCHEDULER_ADDR")
         scheduler_addr = parse_addr(addr_text, "FASTPS_SCHEDULER_ADDR") if addr_text else None
         if scheduler_addr is not None and scheduler_addr[1] == 0 and role != "scheduler":
             raise _bad("FASTPS_SCHEDULER_ADDR", addr_text or "", "port 0 is only for the scheduler")
 
-        job_id = e.raw("FASTPS_JOB_ID")
+        job_id = stated_job_id(e.env)
         if job_id is None:
             job_id = f"job{scheduler_addr[1]}" if scheduler_addr else "fastps"
-        else:
-            validate_job_id(job_id)
 
-        token = e.env.get("FASTPS_TOKEN", "")
+        token = job_token(e.env)
 
         num_workers, nw_src = e.integer(("FASTPS_NUM_WORKERS", *SIZE_FALLBACKS), 1, minimum=1)
         num_servers, _ = e.integer(("FASTPS_NUM_SERVERS",), 1, minimum=0)
@@ -451,9 +683,9 @@ class Config:
                 f"invalid FASTPS_SERVER_ID={server_id}: must be < FASTPS_NUM_SERVERS={num_servers}"
             )
 
-        iface = e.raw("FASTPS_IFACE")
+        iface = network_interface(e.env)
         host = (
-            e.raw("FASTPS_HOST")
+            stated_host(e.env)
             or (interface_address(iface) if iface else None)
             or default_advertised_host(scheduler_addr[0] if scheduler_addr else None)
         )
@@ -484,6 +716,7 @@ class Config:
                 f"at most {MAX_PARTITION_BYTES} bytes (256 MiB) per part",
             )
 
+        level_source = "FASTPS_LOG_LEVEL" if e.raw("FASTPS_LOG_LEVEL") else None
         level = (e.raw("FASTPS_LOG_LEVEL") or DEFAULT_LOG_LEVEL).upper()
         if level not in _LOG_LEVELS:
             raise _bad("FASTPS_LOG_LEVEL", e.raw("FASTPS_LOG_LEVEL") or "", f"one of {_LOG_LEVELS}")
@@ -512,6 +745,7 @@ class Config:
             server_id=server_id,
             server_port=server_port,
             host=host,
+            iface=iface,
             hostname=hostname,
             rack=rack,
             partition_bytes=partition_bytes,
@@ -521,7 +755,7 @@ class Config:
             compression=(e.raw("FASTPS_COMPRESSION") or "").strip(),
             compression_min_bytes=e.size0("FASTPS_COMPRESSION_MIN_BYTES", 0),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
-            link_mbit=e.rate_or_auto("FASTPS_LINK_MBIT"),
+            link_mbit=link_mbit(e.env),
             shm=shm,
             nudge=nudge,
             nudge_min_wait=nudge_min_wait,
@@ -536,6 +770,7 @@ class Config:
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
             log_level=level,
+            log_level_source=level_source,
             timeline=e.raw("FASTPS_TIMELINE") or None,
             timeline_events=timeline_events,
             stall_warning=stall_warning,
@@ -548,6 +783,20 @@ class Config:
             quorum_catch_up=quorum_catch_up,
             mode=mode,
             staleness=staleness,
+            launcher=launched_by(e.env),
+            host_bandwidths=host_bandwidths(e.env),
+            rack_uplinks=rack_uplinks(e.env),
+            topology=topology_spec(e.env),
+            sfb=sfb_mode(e.env),
+            cross_barrier=cross_barrier(e.env),
+            gc_freeze=gc_freeze(e.env),
+            elastic_addr=elastic_addr(e.env),
+            elastic_id=elastic_id(e.env),
+            elastic_job_id=elastic_job_id(e.env),
+            elastic_timeout=elastic_timeout(e.env),
+            elastic_inplace=elastic_inplace(e.env),
+            elastic_discovery_interval=elastic_discovery_interval(e.env),
+            elastic_defer_join=elastic_defer_join(e.env),
         )
 
     def part_sizes(self, hostnames: Sequence[str], racks: bool = False) -> Tuple[int, int]:
@@ -572,6 +821,11 @@ class Config:
                 "the scheduler's host:port (see docs/reference/configuration.md)"
             )
         return self.scheduler_addr
+
+    def scheduler_log_level(self) -> str:
+        """The standalone scheduler's log level: FASTPS_LOG_LEVEL when set, else
+        DEFAULT_SCHEDULER_LOG_LEVEL (it says who registered and what it waits for)."""
+        return self.log_level if self.log_level_source else DEFAULT_SCHEDULER_LOG_LEVEL
 
     def replace(self, **changes: object) -> Config:
         """A copy with some fields changed."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "CollectiveError",
+    "ConfigError",
     "FastPSAbort",
     "FastPSError",
     "FastPSTimeoutError",
@@ -23,6 +24,12 @@ __all__ = [
 
 class FastPSError(RuntimeError):
     """Base class of every error fastps raises."""
+
+
+class ConfigError(FastPSError, ValueError):
+    """A ``FASTPS_*`` variable whose value cannot be parsed or is out of range; the message
+    names the variable and the value. Also a ValueError: what the plugins raised for their
+    own switches before ``fastps.config`` read them all."""
 
 
 class FastPSTimeoutError(FastPSError):

@@ -3,7 +3,9 @@ reducescatter, barrier, join) over the workers' data plane, for every plugin ali
 
 ``ops`` holds the operations, process sets and the checks that make every rank agree before
 bytes move; ``adasum`` the Adasum reduction, ``anon_names`` the numbering of unnamed ops,
-``sfb`` sufficient-factor broadcasting, ``capabilities`` what this build supports.
+``sfb`` sufficient-factor broadcasting, ``capabilities`` what this build supports,
+``basics`` what every plugin's session shares (init, rank, size, the cross-barrier and SFB
+decisions).
 
 ``from fastps import collectives`` as before: attributes are those of ``ops``.
 """

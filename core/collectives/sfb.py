@@ -26,22 +26,21 @@ the cheaper way), ``on`` (every eligible layer by sufficient factors).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from fastps import config
+
 __all__ = ["MODES", "LayerCost", "mode", "report"]
 
-MODES = ("off", "auto", "on")
+MODES = config.SFB_MODES
 
 
 def mode(value: Optional[str] = None) -> str:
-    """The SFB mode: ``value`` if given, else ``FASTPS_SFB`` (default ``off``)."""
-    raw = os.environ.get("FASTPS_SFB", "off") if value is None else value
-    m = str(raw).strip().lower()
-    if m not in MODES:
-        raise ValueError(f"FASTPS_SFB={raw!r}: expected one of {', '.join(MODES)}")
-    return m
+    """The SFB mode: ``value`` if given, else ``FASTPS_SFB`` (default ``off``), as
+    :func:`fastps.config.sfb_mode` reads it (a ConfigError, also a ValueError, names a bad
+    value)."""
+    return config.sfb_mode(None if value is None else {"FASTPS_SFB": str(value)})
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,17 @@ request in one frame, so nothing is answered to a process that does not know the
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Any, Dict, Mapping, Optional
 
+from fastps import config
 from fastps.config import parse_addr
 from fastps.control.protocol import FrameDecoder, compute_mac, encode_frame
 from fastps.errors import FastPSError, FastPSTimeoutError
 
-# Environment of an elastic worker (set by fastpsrun's elastic driver).
+# Environment of an elastic worker, set by fastpsrun's elastic driver (and read by
+# fastps.config: elastic_addr, elastic_id, elastic_job_id).
 ADDR_VAR = "FASTPS_ELASTIC_ADDR"  # host:port of the rendezvous service
 ID_VAR = "FASTPS_ELASTIC_ID"  # this worker's slot, "host:index"
 JOB_VAR = "FASTPS_ELASTIC_JOB_ID"  # the elastic job's id (generations add "-g<k>")
@@ -26,7 +27,7 @@ MAX_FRAME = 1 << 20
 
 def enabled() -> bool:
     """True in a worker started by fastpsrun in elastic mode."""
-    return bool(os.environ.get(ADDR_VAR))
+    return bool(config.elastic_addr())
 
 
 def recv_message(sock: socket.socket, decoder: FrameDecoder, deadline: float) -> Dict[str, Any]:
@@ -55,9 +56,9 @@ def request(
     job_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Sends one request to the rendezvous service and returns its answer (bounded)."""
-    addr = addr or os.environ.get(ADDR_VAR, "")
-    token = os.environ.get("FASTPS_TOKEN", "") if token is None else token
-    job_id = os.environ.get("FASTPS_JOB_ID", "") if job_id is None else job_id
+    addr = addr or config.elastic_addr()
+    token = config.job_token() if token is None else token
+    job_id = (config.stated_job_id() or "") if job_id is None else job_id
     host, port = parse_addr(addr, ADDR_VAR)
     deadline = time.monotonic() + timeout
     try:

@@ -15,10 +15,10 @@ The result is a pure function of the membership, so every worker computes the sa
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from fastps import config
 from fastps.errors import FastPSError
 
 log = logging.getLogger("fastps.placement")
@@ -190,12 +190,8 @@ def pacing_plan(
 def stated_link_mbit() -> Optional[float]:
     """FASTPS_LINK_MBIT when it is a number (the same on every process, unlike ``auto``,
     which each process measures on its own interface), else None."""
-    text = os.environ.get("FASTPS_LINK_MBIT", "").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if value > 0 else None
+    value = config.link_mbit()
+    return value if value is not None and value > 0 else None
 
 
 _warned_unlisted: set = set()
@@ -212,9 +208,9 @@ def membership_weights(membership: Any) -> List[float]:
         return rack_server_weights(
             worker_racks,
             [getattr(s, "rack", "") for s in sorted(membership.servers, key=lambda s: s.id)],
-            parse_rack_rates(os.environ.get("FASTPS_RACK_UPLINKS")),
+            parse_rack_rates(config.rack_uplinks()),
         )
-    bandwidths = parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS"))
+    bandwidths = parse_bandwidths(config.host_bandwidths())
     workers = [w.hostname for w in membership.workers]
     spots = [ServerSpot(s.id, s.hostname) for s in membership.servers]
     default = stated_link_mbit()
@@ -253,7 +249,7 @@ def membership_pacing(
         [s.hostname for s in servers],
         membership_weights(membership),
         link_mbit,
-        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+        parse_bandwidths(config.host_bandwidths()),
         local_reduce,
     )
 
@@ -583,6 +579,6 @@ def membership_rack_pacing(
         membership_weights(membership),
         plan,
         link_mbit,
-        parse_bandwidths(os.environ.get("FASTPS_HOST_BANDWIDTHS")),
+        parse_bandwidths(config.host_bandwidths()),
         local_reduce,
     )

@@ -1132,8 +1132,7 @@ def main() -> None:
         print(f"fastps scheduler: {exc}", file=sys.stderr)
         sys.exit(2)
     logging.basicConfig(format="fastps-scheduler %(levelname)s: %(message)s")
-    level = os.environ.get("FASTPS_LOG_LEVEL") and cfg.log_level or "INFO"
-    logging.getLogger("fastps").setLevel(level)
+    logging.getLogger("fastps").setLevel(cfg.scheduler_log_level())
     scheduler = Scheduler(
         num_workers=cfg.num_workers,
         num_servers=cfg.num_servers,

@@ -152,7 +152,7 @@ def run_server(
         if rec is not None:
             rec.set_clock(client.clock_offset())
             rec.link_mbit = link
-        code = _serve(srv, client, wake, state, me)
+        code = _serve(srv, client, wake, state, me, cfg.launcher)
     except _Terminated as exc:
         code = 128 + exc.signum
         log.warning("%s: terminated by %s", me, signal.Signals(exc.signum).name)
@@ -239,14 +239,16 @@ def _start_timeline(cfg: Config) -> None:
     )
 
 
-def _serve(srv: Any, client: ControlClient, wake: threading.Event, state: dict, me: str) -> int:
+def _serve(
+    srv: Any, client: ControlClient, wake: threading.Event, state: dict, me: str, launcher: str
+) -> int:
     while True:
         wake.wait(POLL)
         wake.clear()
         reason = client.abort_reason
         if reason is not None:
             # Under fastpsrun the launcher reports the reason, once; don't repeat it.
-            level = logging.INFO if os.environ.get("FASTPS_LAUNCHER") else logging.ERROR
+            level = logging.INFO if launcher else logging.ERROR
             log.log(level, "%s: job aborted: %s", me, reason)
             return 1
         if client.shutdown_received:

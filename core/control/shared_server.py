@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from fastps.config import default_advertised_host, stated_host
+
 __all__ = ["JobSpec", "SharedServerHost", "admit", "main", "read_state"]
 
 log = logging.getLogger("fastps.shared_server")
@@ -190,9 +192,11 @@ class SharedServerHost:
             return
         quota_mb = spec.quota_mb or self.default_quota_mb
         # The host's own FASTPS_* settings are not the job's, except the machine's name.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPS_")}
-        if "FASTPS_HOSTNAME" in os.environ:
-            env["FASTPS_HOSTNAME"] = os.environ["FASTPS_HOSTNAME"]
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("FASTPS_") or k == "FASTPS_HOSTNAME"
+        }
         env.update(
             {
                 "FASTPS_ROLE": "server",
@@ -297,7 +301,7 @@ def _unlink(path: Path) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fastps.shared_server", description=__doc__)
     p.add_argument("--jobs", required=True, help="folder where jobs are admitted")
-    p.add_argument("--host", default=os.environ.get("FASTPS_HOST", "127.0.0.1"))
+    p.add_argument("--host", default=stated_host() or default_advertised_host(None))
     p.add_argument("--quota-mb", type=float, default=1024.0, help="default per-job quota")
     p.add_argument("--threads-per-job", type=int, default=2)
     args = p.parse_args(argv)

@@ -24,9 +24,9 @@ the commit, so a failure in any step can be met in place.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Optional
 
+from fastps import config
 from fastps.control import elastic_wire as wire
 from fastps.elastic import rendezvous
 from fastps.elastic.generation import generation_failed
@@ -34,20 +34,15 @@ from fastps.errors import FastPSError, HorovodInternalError
 
 log = logging.getLogger("fastps.elastic")
 
-ENV = "FASTPS_ELASTIC_INPLACE"
+ENV = "FASTPS_ELASTIC_INPLACE"  # read by fastps.config.elastic_inplace
 
 
 def mode() -> str:
     """``""`` (off), ``"commit"`` (``1``: the first step after a commit, the spare gets the
     commit) or ``"any"`` (any step: the spare gets rank 0's state as it is in the step)."""
-    value = os.environ.get(ENV, "0").strip().lower()
-    if not wire.enabled() or value in ("", "0", "false", "no", "off"):
+    if not wire.enabled():
         return ""
-    if value == "any":
-        return "any"
-    if value in ("1", "true", "yes", "on", "commit"):
-        return "commit"
-    raise FastPSError(f"{ENV}={value!r}: use 1 (the first step after a commit), any, or 0")
+    return config.elastic_inplace()
 
 
 def enabled() -> bool:

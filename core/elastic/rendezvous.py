@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
+from fastps import config
 from fastps.config import Config
 from fastps.control import elastic_wire as wire
 from fastps.errors import FastPSError
@@ -65,25 +66,16 @@ def generation() -> int:
     return _generation
 
 
-def _elastic_timeout() -> float:
-    try:
-        return float(os.environ.get("FASTPS_ELASTIC_TIMEOUT", "600"))
-    except ValueError:
-        raise FastPSError(
-            f"FASTPS_ELASTIC_TIMEOUT={os.environ['FASTPS_ELASTIC_TIMEOUT']!r}: not a number"
-        ) from None
-
-
 def join() -> Config:
     """Waits (bounded by the elastic timeout) for the next generation and returns this
     worker's configuration in it. Also updates the Horovod/fastps variables of this process
     (``HOROVOD_RANK``...), so scripts that read them see the new world."""
     global _generation, _info
-    me = os.environ.get(wire.ID_VAR, "")
+    me = config.elastic_id()
     while True:
         answer = wire.request(
             {"type": "rendezvous", "id": me, "after": _generation, "in_place": _in_place},
-            timeout=_elastic_timeout() + _MARGIN,
+            timeout=config.elastic_timeout() + _MARGIN,
             job_id=_base_job_id(),
         )
         # A spare (fastpsrun --spare-hosts) waits for a failed worker's place as long as
@@ -116,7 +108,7 @@ def join() -> Config:
 
 def _base_job_id() -> str:
     """The elastic job's id (each generation has its own): it keys the driver's MAC."""
-    return os.environ.get(wire.JOB_VAR, "")
+    return config.elastic_job_id()
 
 
 def host_updates() -> Dict[str, Any]:

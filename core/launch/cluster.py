@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from fastps import __version__
 from fastps.config import default_advertised_host
+from fastps.config import network_interface as stated_interface
 from fastps.control.netif import interface_address
 from fastps.launch.hosts import Placement, host_label, is_local_host
 from fastps.launch.job import KILL_GRACE, Child, Launcher, pump, say, stderr_bytes, stdout_bytes
@@ -65,7 +66,7 @@ class ClusterLauncher(Launcher):
         self.transport = transport
         self.python = python or sys.executable
         self.connect_timeout = connect_timeout
-        self.interface = network_interface or self.base_env.get("FASTPS_IFACE") or None
+        self.interface = network_interface or stated_interface(self.base_env)
         if local_hosts is None:
             local_hosts = [h for h in placement.hosts if is_local_host(h)]
         self.local_hosts = set(local_hosts)

@@ -6,6 +6,7 @@ import os
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import click
+from fastps.config import elastic_defer_join
 from fastps.errors import FastPSError
 
 ELASTIC_KEYS = (
@@ -135,8 +136,7 @@ def elastic_launcher_from_cli(
         cooldown_range=None if cooldown is None else (float(cooldown[0]), float(cooldown[1])),
         blacklist_scope=opts.get("blacklist") or "slot",
         discovery_interval=discovery_interval(env),
-        defer_join=str(env.get("FASTPS_ELASTIC_DEFER_JOIN", "0")).strip().lower()
-        in ("1", "true", "yes", "on"),
+        defer_join=elastic_defer_join(env),
         spares=opts.get("spare_hosts") or 0,
         **launcher_kwargs,
     )

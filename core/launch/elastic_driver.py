@@ -41,7 +41,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from fastps.config import format_addr
+from fastps.config import (
+    DEFAULT_ELASTIC_TIMEOUT,
+    DISCOVERY_INTERVAL,
+    elastic_discovery_interval,
+    format_addr,
+)
+from fastps.config import MIN_DISCOVERY_INTERVAL as MIN_DISCOVERY_INTERVAL
 from fastps.control import elastic_wire as wire
 from fastps.control.protocol import FrameDecoder, compute_mac, encode_frame
 from fastps.control.scheduler import Scheduler
@@ -49,9 +55,8 @@ from fastps.errors import FastPSError
 from fastps.launch import discovery
 from fastps.launch.job import POLL, Child, Launcher, describe_exit, say, signal_group
 
-DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's default
-DISCOVERY_INTERVAL = 1.0
-MIN_DISCOVERY_INTERVAL = 0.05  # the script is a process start: do not spin the CPU on it
+# DEFAULT_ELASTIC_TIMEOUT (Horovod's), DISCOVERY_INTERVAL and MIN_DISCOVERY_INTERVAL are
+# fastps.config's, with the variables that override them.
 SPARE_STANDBY = 5.0  # a spare's rendezvous request is answered "ask again" this often
 REQUEST_READ_TIMEOUT = 10.0  # a client must send its request this soon after connecting
 WATCH_WAIT = 20.0  # a watch request is answered at the latest after this long
@@ -59,19 +64,9 @@ RESET_LIMIT_MESSAGE = "number of resets exceeded --reset-limit {limit}"
 
 
 def discovery_interval(env: Mapping[str, str]) -> float:
-    """FASTPS_ELASTIC_DISCOVERY_INTERVAL: seconds between runs of the discovery script."""
-    text = env.get("FASTPS_ELASTIC_DISCOVERY_INTERVAL", "")
-    if not text.strip():
-        return DISCOVERY_INTERVAL
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise FastPSError(
-            f"FASTPS_ELASTIC_DISCOVERY_INTERVAL={text!r}: expected a number of seconds > 0"
-        )
-    return max(value, MIN_DISCOVERY_INTERVAL)
+    """FASTPS_ELASTIC_DISCOVERY_INTERVAL in ``env``: seconds between runs of the discovery
+    script (fastps.config.elastic_discovery_interval reads it)."""
+    return elastic_discovery_interval(env)
 
 
 class _Blacklist:

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-from fastps.config import MODES, Config
+from fastps.config import MODES, Config, launched_by, topology_spec
 from fastps.control import elastic_wire as _elastic_wire
 from fastps.control import placement
 from fastps.control.linkspeed import link_mbit_for
@@ -353,7 +353,8 @@ def _install_excepthook() -> None:
 
     def hook(tp: Any, value: Any, tb: Any) -> None:
         st = _state
-        if isinstance(value, FastPSAbort) and os.environ.get("FASTPS_LAUNCHER"):
+        launcher = st.cfg.launcher if st is not None else launched_by()
+        if isinstance(value, FastPSAbort) and launcher:
             # Another process's failure, which fastpsrun reports once: say only where it hit.
             ours = _our_folders()
             frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(ours)]
@@ -508,7 +509,7 @@ def local_plan() -> Optional[str]:
     FASTPS_TOPOLOGY or ``nvidia-smi topo -m``; None on a host without GPUs."""
     from fastps.worker import topology
 
-    plan = topology.host_plan(os.environ.get("FASTPS_TOPOLOGY"))
+    plan = topology.host_plan(topology_spec())
     return plan.describe() if plan else None
 
 

@@ -26,7 +26,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from typing import Any, List, Optional
 
-import fastps
 from fastps import FastPSAbort, FastPSError, FastPSTimeoutError
 from fastps.collectives import ops as _collectives
 from fastps.collectives.capabilities import (
@@ -42,6 +41,19 @@ from fastps.collectives.capabilities import (
 )
 from fastps.errors import HorovodInternalError, HostsUpdatedInterrupt
 from fastps.mxnet import elastic
+from fastps.mxnet.basics import (
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    num_servers,
+    rank,
+    shutdown,
+    size,
+)
 from fastps.mxnet.compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from fastps.mxnet.kvstore import FastPS as KVStore
 from fastps.mxnet.ops import (
@@ -102,6 +114,7 @@ __all__ = [
     "local_size",
     "cross_rank",
     "cross_size",
+    "is_homogeneous",
     "num_servers",
     "allreduce",
     "allreduce_",
@@ -173,64 +186,6 @@ __all__ = [
     "cuda_built",
     "rocm_built",
 ]
-
-_active = False  # between init() and shutdown() (the connections outlive a shutdown)
-
-
-def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Joins the job started by ``fastpsrun`` (or runs alone without one).
-
-    ``process_sets``: ProcessSets (or rank lists) to register now, the same on every rank.
-    After :func:`shutdown`, ``init`` starts a new session on the same connections.
-    """
-    global _active
-    if comm is not None:
-        raise FastPSError("fastps does not use MPI communicators; launch with fastpsrun")
-    fastps.init()
-    if process_sets == "dynamic":
-        process_sets = None  # every set may be added later anyway
-    _collectives.start_session(process_sets)
-    _active = True
-
-
-def shutdown() -> None:
-    """Ends this session: waits (bounded) for ops in flight and forgets process sets and
-    op names. The connections stay until the process exits, so :func:`init` may follow."""
-    global _active
-    _active = False
-    _collectives.end_session()
-
-
-def is_initialized() -> bool:
-    return _active and bool(fastps.is_initialized())
-
-
-def rank() -> int:
-    return int(fastps.rank())
-
-
-def size() -> int:
-    return int(fastps.size())
-
-
-def local_rank() -> int:
-    return int(fastps.local_rank())
-
-
-def local_size() -> int:
-    return int(fastps.local_size())
-
-
-def cross_rank() -> int:
-    return int(fastps.cross_rank())
-
-
-def cross_size() -> int:
-    return int(fastps.cross_size())
-
-
-def num_servers() -> int:
-    return int(fastps.num_servers())
 
 
 def broadcast_object(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -12,11 +11,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import mxnet as mx
 import numpy as np
 from fastps.collectives import ops as C
+from fastps.collectives.basics import sfb_choice
 from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
-from fastps.collectives.sfb import mode as _sfb_mode
 from fastps.control.elastic_wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
 from fastps.mxnet import engine_wait as EW
+from fastps.mxnet.basics import basics
 from fastps.mxnet.compression import Compression, is_core
 from fastps.mxnet.ops import (
     MXHandle,
@@ -199,7 +199,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         f = self._fastps_predivide
         handles = []
         for idx, g in zip(indices, grads):
-            priority = -idx if isinstance(idx, int) else 0
+            # The updater hands over parameter indices but not how many parameters there
+            # are: the one formula with a count of 0 keeps its order (first index first).
+            priority = C.priority_for(idx, 0) if isinstance(idx, int) else 0
             handles.append(
                 allreduce_async_(
                     g,
@@ -384,7 +386,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         # Priority of each parameter index: forward (creation) order, first = largest.
         n = len(self._params)
         self._fastps_priority = [
-            -(order.get(p.name, i) if order else i) for i, p in enumerate(self._params)
+            C.priority_for(order.get(p.name, i) if order else i, n)
+            for i, p in enumerate(self._params)
         ]
         # Backward order: the reverse of creation order.
         self._fastps_backward = sorted(range(n), key=lambda i: self._fastps_priority[i])
@@ -408,32 +411,26 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def _sufficient_factors(self, model: Any) -> Optional[SufficientFactors]:
         """The Dense weights that may travel as sufficient factors (sfb.py), or None."""
-        how = _sfb_mode()
-        if how == "off" or not _api.is_initialized() or not self._fastps_active():
+        choice = sfb_choice(
+            "DistributedTrainer",
+            model,
+            "Dense layers",
+            active=_api.is_initialized() and self._fastps_active(),
+            compressed=self._fastps_compression not in (None, Compression.none),
+            op="Adasum" if self._fastps_op == ReduceOp.ADASUM else None,
+            asynchronous=self._fastps_async is not None,
+            elastic=_elastic_enabled(),
+            stacklevel=3,
+        )
+        if choice is None:
             return None
-        if model is None:
-            warnings.warn(
-                f"fastps: FASTPS_SFB={how} needs DistributedTrainer(model=...) to find the "
-                "Dense layers; every gradient uses the servers",
-                stacklevel=3,
-            )
-            return None
-        why_not = None
-        if self._fastps_compression not in (None, Compression.none):
-            why_not = "gradient compression is on"
-        elif self._fastps_op == ReduceOp.ADASUM:
-            why_not = "op=Adasum combines the updates, not the gradients"
-        elif self._fastps_async is not None:
-            why_not = "async mode exchanges parameters, not gradients"
-        elif _elastic_enabled():
-            why_not = "elastic jobs change the worker count the choice was made for"
         sfb = SufficientFactors(
             model,
             {id(p): i for i, p in enumerate(self._params)},
-            how,
+            choice.how,
             self._fastps_set,
             self._fastps_priority,
-            why_not,
+            choice.why_not,
         )
         weakref.finalize(self, sfb.close)
         return sfb
@@ -731,16 +728,7 @@ def _cross_barrier(
     option: Optional[bool], op: ReduceOp, process_set: ProcessSet, quorum: bool = False
 ) -> bool:
     """Whether a DistributedTrainer hands its waits to the engine (see its docstring)."""
-    if option is not None:
-        if not isinstance(option, bool):
-            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
-        wanted = option
-    else:
-        raw = os.environ.get("FASTPS_CROSS_BARRIER", "").strip().lower()
-        if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-            raise ValueError(f"invalid FASTPS_CROSS_BARRIER={raw!r}: expected 1 or 0")
-        wanted = raw in ("1", "true", "yes", "on")
-    if not wanted:
+    if not basics.cross_barrier(option):  # the argument, else FASTPS_CROSS_BARRIER, else off
         return False
     why = None
     if op != ReduceOp.AVERAGE:

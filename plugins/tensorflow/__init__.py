@@ -14,10 +14,6 @@ has it works. See docs/guide/tensorflow.md.
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
-import fastps as _fastps
-from fastps.collectives import ops as _collectives
 from fastps.collectives.capabilities import (
     ccl_built,
     ddl_built,
@@ -38,6 +34,19 @@ from fastps.errors import (
 )
 from fastps.tensorflow import elastic  # Horovod's hvd.elastic
 from fastps.tensorflow._engine import MismatchError, UsageError
+from fastps.tensorflow.basics import (
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    num_servers,
+    rank,
+    shutdown,
+    size,
+)
 from fastps.tensorflow.compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from fastps.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from fastps.tensorflow.ops import (
@@ -86,7 +95,6 @@ from fastps.tensorflow.ops import (
 from fastps.tensorflow.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from fastps.tensorflow.sync_batch_norm import SyncBatchNormalization
 from fastps.timeline.session import start_timeline, stop_timeline
-from fastps.worker import api as _api
 
 __all__ = [
     "elastic",
@@ -100,6 +108,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "is_homogeneous",
+    "num_servers",
     "barrier",
     "join",
     "ReduceOp",
@@ -170,67 +179,6 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
 ]
-
-_active = False  # between init() and shutdown() (the connections outlive a shutdown)
-
-
-def init(comm: Optional[object] = None, process_sets: Any = None) -> None:
-    """Joins the job started by ``fastpsrun`` (or runs alone without it).
-
-    ``comm`` is accepted for Horovod compatibility and must be None. ``process_sets``:
-    ProcessSets (or rank lists) to register now, the same on every rank. After
-    :func:`shutdown`, ``init`` starts a new session on the same connections.
-    """
-    global _active
-    if comm is not None:
-        raise FastPSError(
-            "fastps.tensorflow.init() takes no communicator; fastpsrun sets up the job"
-        )
-    _fastps.init()
-    if process_sets == "dynamic":
-        process_sets = None  # every set may be added later anyway
-    _collectives.start_session(process_sets)
-    _active = True
-
-
-def shutdown() -> None:
-    """Ends the session: waits (bounded) for ops in flight and forgets process sets."""
-    global _active
-    _active = False
-    _collectives.end_session()
-
-
-def is_initialized() -> bool:
-    return _active and bool(_fastps.is_initialized())
-
-
-def rank() -> int:
-    return int(_fastps.rank())
-
-
-def size() -> int:
-    return int(_fastps.size())
-
-
-def local_rank() -> int:
-    return int(_fastps.local_rank())
-
-
-def local_size() -> int:
-    return int(_fastps.local_size())
-
-
-def cross_rank() -> int:
-    return int(_api.cross_rank())
-
-
-def cross_size() -> int:
-    return int(_api.cross_size())
-
-
-def is_homogeneous() -> bool:
-    """True if every host runs the same number of workers."""
-    return size() == local_size() * cross_size()
 
 
 # Horovod's build/feature queries: fastps.capabilities, except cuda_built (per framework).

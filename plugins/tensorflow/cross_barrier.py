@@ -49,7 +49,7 @@ from fastps.errors import FastPSError
 
 __all__ = ["ENV", "CrossBarrier", "PER_VARIABLE", "coupling", "warn"]
 
-ENV = "FASTPS_CROSS_BARRIER"
+ENV = "FASTPS_CROSS_BARRIER"  # read by fastps.config.cross_barrier
 
 # keras.optimizers classes whose update_step changes one variable from its own gradient and
 # slots only. Not Nadam: its _backend_update_step advances a step-wide product once per call.

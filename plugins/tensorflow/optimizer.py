@@ -4,7 +4,6 @@ local variables (PartialDistributedOptimizer)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional, Sequence, Set, Type
 
 import numpy as np
@@ -15,6 +14,7 @@ from fastps.tensorflow import ops as O
 from fastps.tensorflow import sfb as SFB
 from fastps.tensorflow._reducer import GradientReducer, RoundFetch
 from fastps.tensorflow.async_optimizer import make_async_optimizer
+from fastps.tensorflow.basics import basics
 from fastps.tensorflow.compression import Compression, Compressor
 from fastps.tensorflow.local_aggregation import LocalAggregation, check_passes
 from fastps.worker import api as _api
@@ -677,13 +677,5 @@ def _register_local_var(self: Any, var: Any) -> None:
 
 
 def _cross_barrier_asked(option: Optional[bool]) -> bool:
-    if option is not None:
-        if not isinstance(option, bool):
-            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
-        return option
-    raw = os.environ.get(CB.ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"invalid {CB.ENV}={raw!r}: expected 1 or 0")
+    """The argument, else FASTPS_CROSS_BARRIER, else off (the plugins' shared policy)."""
+    return basics.cross_barrier(option)

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from fastps.collectives import ops as C
 from fastps.collectives import sfb as _cost
+from fastps.collectives.basics import sfb_choice
 from fastps.errors import FastPSError
 from fastps.tensorflow import _engine as E
 from fastps.tensorflow import ops as O
@@ -387,17 +388,23 @@ def _factored_matmul(owner: SufficientFactors, entry: _Layer, x: tf.Tensor, kern
 
 def attach(reducer: Any, model: Any, who: str, why_not: Optional[str] = None) -> None:
     """Gives ``reducer`` the factor exchange of ``model``'s Dense layers under
-    FASTPS_SFB=auto|on (nothing under off)."""
-    how = _cost.mode()
-    if how == "off":
+    FASTPS_SFB=auto|on (nothing under off): the plugins' shared decision
+    (``fastps.collectives.basics.sfb_choice``), then the Keras checks. ``why_not``: the
+    caller's reason for every layer to use the servers, ahead of the shared ones."""
+    from fastps.tensorflow.compression import Compression
+
+    choice = sfb_choice(
+        who,
+        model,
+        "Dense layers",
+        compressed=reducer.core is not None or reducer.compression is not Compression.none,
+        op=None if reducer.op in (O.Average, O.Sum) else reducer.op.name,
+        elastic=E.world_may_change(),
+        stacklevel=3,
+    )
+    if choice is None:
         return
-    if model is None:
-        warnings.warn(
-            f"fastps: FASTPS_SFB={how} needs {who}(model=...) to find the Dense layers; "
-            "every gradient uses the servers",
-            stacklevel=3,
-        )
-        return
+    how = choice.how
     _, base = _dense_classes()
     if not isinstance(model, base) and type(model).__module__.startswith("tf_keras"):
         warnings.warn(
@@ -407,14 +414,7 @@ def attach(reducer: Any, model: Any, who: str, why_not: Optional[str] = None) ->
         )
         return
     if why_not is None:
-        from fastps.tensorflow.compression import Compression
-
-        if reducer.core is not None or reducer.compression is not Compression.none:
-            why_not = "gradient compression is on"
-        elif reducer.op not in (O.Average, O.Sum):
-            why_not = f"the reduction op ({reducer.op.name}) is not a sum of the gradients"
-        elif E.world_may_change():
-            why_not = "elastic jobs change the worker count the choice was made for"
+        why_not = choice.why_not
     # One capture per model: a training loop makes a new tape every step, and the layers
     # must be patched and the choice made (and printed) once.
     key = (id(model), how, id(reducer.process_set), why_not)

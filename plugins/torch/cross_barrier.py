@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import os
 import time
 import warnings
 import weakref
@@ -52,13 +51,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import torch
 from fastps.errors import FastPSError
 from fastps.torch import timeline_events as _tl
+from fastps.torch.basics import basics
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastps.torch.optimizer import _Entry, _GradientSync
 
 __all__ = ["ENV", "CrossBarrier", "choose", "coupling", "enabled"]
 
-ENV = "FASTPS_CROSS_BARRIER"
+ENV = "FASTPS_CROSS_BARRIER"  # read by fastps.config.cross_barrier
 
 # torch.optim classes whose step() updates each parameter from its own gradient and state
 # only (foreach/fused variants included: they apply the same per-tensor arithmetic).
@@ -81,24 +81,14 @@ PER_PARAMETER = (
 
 def enabled(option: Optional[bool]) -> bool:
     """The ``cross_barrier`` argument, or ``FASTPS_CROSS_BARRIER`` when it is None (unset:
-    on)."""
-    if option is not None:
-        if not isinstance(option, bool):
-            raise TypeError(f"cross_barrier must be True, False or None, got {option!r}")
-        return option
-    raw = os.environ.get(ENV, "")
-    value = raw.strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"invalid {ENV}={raw!r}: expected 1 or 0")
+    on): the plugins' shared policy (``fastps.collectives.basics``)."""
+    return basics.cross_barrier(option)
 
 
 def explicit(option: Optional[bool]) -> bool:
     """Whether the user asked for cross-barrier updates (argument or environment) rather
     than getting them by default: only then does a fallback warn."""
-    return option is True or (option is None and os.environ.get(ENV, "").strip() != "")
+    return basics.cross_barrier_explicit(option)
 
 
 def choose(

@@ -20,23 +20,18 @@ later are kept (a one-time snapshot; in training those are the model and the fra
 from __future__ import annotations
 
 import gc
-import os
+
+from fastps.config import gc_freeze
 
 __all__ = ["ENV", "freeze_once"]
 
-ENV = "FASTPS_GC_FREEZE"
+ENV = "FASTPS_GC_FREEZE"  # read by fastps.config.gc_freeze
 
 _done = False
 
 
 def _enabled() -> bool:
-    raw = os.environ.get(ENV, "1")
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on", ""):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"invalid {ENV}={raw!r}: expected 1 or 0")
+    return gc_freeze()
 
 
 def freeze_once() -> bool:

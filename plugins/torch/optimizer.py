@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 from fastps.collectives import ops as _collectives
-from fastps.collectives.sfb import mode as _sfb_mode
+from fastps.collectives.basics import sfb_choice
 from fastps.control.elastic_wire import enabled as _elastic_enabled
 from fastps.elastic import inplace as _inplace
 from fastps.errors import FastPSError
@@ -347,12 +347,14 @@ class _GradientSync:
 
     def _learned_priority(self, e: _Entry) -> int:
         """This rank's view: parameters seen in the forward pass rank by first use, above
-        those never seen, which rank by registration order."""
+        those never seen, which rank by registration order. Both by the one formula
+        (``priority_for``); the seen ones n higher, so that every seen parameter goes
+        before every unseen one."""
         n = len(self.entries)
         pos = self.order.position(e.param)
         if pos is not None:
-            return 2 * n - pos
-        return n - e.index
+            return _collectives.priority_for(pos, n) + n
+        return _collectives.priority_for(e.index, n)
 
     def by_priority(self) -> List[_Entry]:
         """The entries, highest priority first; once the priorities are agreed, sorted once
@@ -1079,33 +1081,29 @@ def DistributedOptimizer(
         process_set,
         bool(sparse_as_dense),
     )
-    how = _sfb_mode()
-    if how != "off" and sync.active:
-        if model is None:
-            warnings.warn(
-                f"fastps: FASTPS_SFB={how} needs DistributedOptimizer(model=...) to find the "
-                "nn.Linear layers; every gradient uses the servers",
-                stacklevel=2,
+    choice = sfb_choice(
+        "DistributedOptimizer",
+        model,
+        "nn.Linear layers",
+        active=sync.active,
+        compressed=sync.compression not in (None, Compression.none),
+        elastic=_elastic_enabled(),
+        stacklevel=2,
+    )
+    if choice is not None and model is not None:  # a choice is made for a model only
+        try:
+            sync.sfb = SufficientFactors(
+                model,
+                {pid: sync.by_id[pid].name[len(GRAD_PREFIX) :] for pid in sync.by_id},
+                choice.how,
+                process_set or global_process_set,
+                sync.direct,
+                sync.passes_per_step,
+                choice.why_not,
             )
-        else:
-            why_not = None
-            if sync.compression not in (None, Compression.none):
-                why_not = "gradient compression is on"
-            elif _elastic_enabled():
-                why_not = "elastic jobs change the worker count the choice was made for"
-            try:
-                sync.sfb = SufficientFactors(
-                    model,
-                    {pid: sync.by_id[pid].name[len(GRAD_PREFIX) :] for pid in sync.by_id},
-                    how,
-                    process_set or global_process_set,
-                    sync.direct,
-                    sync.passes_per_step,
-                    why_not,
-                )
-            except BaseException:
-                sync.close()
-                raise
+        except BaseException:
+            sync.close()
+            raise
     cls: Any = _distributed_class(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in _ADOPT_SKIP})
