@@ -544,6 +544,52 @@ def elastic_defer_join(env: Optional[Mapping[str, str]] = None) -> bool:
     return _read(env).switch("FASTPS_ELASTIC_DEFER_JOIN", False)
 
 
+# ------------------------------------------------------------------------------------------
+# Jobs started by another launcher (torchrun, Lightning, Ray, Spark): the store the launcher
+# set up is the rendezvous (fastps.launch.store_rendezvous, docs/guide/torch-distributed.md).
+
+# The variables torchrun (and torch's env:// rendezvous) sets for every process.
+TORCH_LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+DEFAULT_SERVERS_PER_HOST = 1
+DEFAULT_STORE_TIMEOUT = 1800.0  # torch's default process-group timeout (30 min)
+
+
+def torch_launched(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process was started by torchrun or another launcher that sets
+    MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, and not by fastpsrun (no
+    FASTPS_SCHEDULER_ADDR): then ``init()`` joins through torch's store."""
+    e = _read(env)
+    return e.raw("FASTPS_SCHEDULER_ADDR") is None and all(
+        e.raw(var) is not None for var in TORCH_LAUNCH_VARS
+    )
+
+
+def servers_per_host(env: Optional[Mapping[str, str]] = None) -> int:
+    """FASTPS_SERVERS_PER_HOST: summation servers the first process of each worker host
+    starts in a job joined through a store (default 1; 0: CPU server hosts only)."""
+    value, _ = _read(env).integer(("FASTPS_SERVERS_PER_HOST",), DEFAULT_SERVERS_PER_HOST, minimum=0)
+    return value
+
+
+def cpu_servers(env: Optional[Mapping[str, str]] = None) -> int:
+    """FASTPS_CPU_SERVERS: how many servers on CPU-only machines a job joined through a store
+    waits for (each started with ``python -m fastps.server --join ADDR:PORT``; default 0)."""
+    value, _ = _read(env).integer(("FASTPS_CPU_SERVERS",), 0, minimum=0)
+    return value
+
+
+def parent_pid(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """FASTPS_PARENT_PID: the process whose death ends this server (set for the servers a
+    worker starts itself), or None."""
+    raw = _read(env).raw("FASTPS_PARENT_PID")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise _bad("FASTPS_PARENT_PID", raw, "expected a process id") from None
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings of one fastps process (see ``docs/reference/configuration.md``)."""

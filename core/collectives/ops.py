@@ -61,6 +61,8 @@ __all__ = [
     "global_process_set",
     "add_process_set",
     "remove_process_set",
+    "add_member_process_set",
+    "forget_member_process_set",
     "Op",
     "resolve_op",
     "priority_for",
@@ -73,6 +75,7 @@ __all__ = [
     "alltoall_async",
     "reducescatter_async",
     "grouped_reducescatter_async",
+    "reduce_async",
     "barrier",
     "join",
     "broadcast_object",
@@ -174,6 +177,9 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet(None)
+# Ids of sets registered by their members alone (add_member_process_set) start here, far
+# above the ones add_process_set counts up from 1.
+MEMBER_SET_IDS = 1 << 20
 
 
 # --------------------------------------------------------------------------- session
@@ -292,6 +298,55 @@ def remove_process_set(ps: ProcessSet) -> bool:
         client.forget_set(set_id, ps.ranks)
     ps.process_set_id = None
     return True
+
+
+def add_member_process_set(ranks: Sequence[int], process_set_id: int) -> ProcessSet:
+    """Registers a set whose id its members agreed on elsewhere (torch.distributed's
+    ``new_group``: only the members create it, and the store numbered it). Collective among
+    the members only; the id must not be one :func:`add_process_set` hands out (they count
+    from 1; callers use ids from ``MEMBER_SET_IDS``)."""
+    s = _sess()
+    ps = ProcessSet(list(ranks))
+    size = api.size()
+    if not ps._ranks or any(not 0 <= r < size for r in ps._ranks):
+        raise UsageError(f"process set ranks {ps._ranks} must be non-empty ranks of 0..{size - 1}")
+    if process_set_id < MEMBER_SET_IDS:
+        raise UsageError(f"member-agreed process set ids start at {MEMBER_SET_IDS}")
+    with s.lock:
+        old = s.sets.get(process_set_id)
+        if old is not None:
+            if old._ranks != ps._ranks:
+                raise UsageError(
+                    f"process set id {process_set_id} is registered with ranks {old._ranks}, "
+                    f"not {ps._ranks}"
+                )
+            return old
+        ps.process_set_id = process_set_id
+        s.sets[process_set_id] = ps
+    try:
+        _run_control_op(
+            ps, f"add_process_set.{process_set_id}", {"k": "add_process_set", "ranks": ps._ranks}
+        )
+    except BaseException:
+        with s.lock:
+            s.sets.pop(process_set_id, None)
+        ps.process_set_id = None
+        raise
+    return ps
+
+
+def forget_member_process_set(ps: ProcessSet) -> None:
+    """This member is done with a set of :func:`add_member_process_set` (no collective:
+    members may end at different times)."""
+    s = _session
+    set_id = ps.process_set_id
+    if s is None or set_id is None or set_id < MEMBER_SET_IDS:
+        return
+    with s.lock:
+        if s.sets.get(set_id) is ps:
+            del s.sets[set_id]
+            s.counters.pop(set_id, None)
+    ps.process_set_id = None
 
 
 def _registered(ps: Optional[ProcessSet]) -> ProcessSet:
@@ -655,16 +710,18 @@ def _check_records(name: str, ps: ProcessSet, records: List[Optional[Dict[str, A
     differ("operation", lambda rec: rec.get("k"))
     kind = first.get("k")
     differ("dtype", lambda rec: rec.get("dt"))
-    if kind in ("allreduce", "reducescatter", "broadcast"):
+    if kind in ("allreduce", "reducescatter", "broadcast", "reduce"):
         differ("shape", lambda rec: rec.get("sh"))
     if kind in ("allgather", "alltoall"):
         differ("rank (number of dimensions)", lambda rec: len(rec.get("sh") or []))
         differ("shape after the first dimension", lambda rec: (rec.get("sh") or [])[1:])
-    if kind in ("allreduce", "reducescatter"):
+    if kind in ("allreduce", "reducescatter", "reduce"):
         differ("reduce op", lambda rec: rec.get("op"))
         differ("compression", lambda rec: rec.get("cz") or "none")
         differ("prescale factor", lambda rec: rec.get("pre"))
         differ("postscale factor", lambda rec: rec.get("post"))
+    if kind == "reduce":
+        differ("root rank", lambda rec: rec.get("root"))
     if kind == "broadcast":
         differ("root rank", lambda rec: rec.get("root"))
         root = first.get("root")
@@ -1266,6 +1323,81 @@ def grouped_reducescatter_async(
             reducescatter_async(a, dt, n, op, prescale_factor, postscale_factor, process_set)
             for a, dt, n in zip(arrays, dtypes, names)
         ]
+
+
+# --------------------------------------------------------------------------- reduce
+
+
+def reduce_async(
+    a: np.ndarray,
+    dtype: str,
+    root_rank: int,
+    name: Optional[str] = None,
+    op: ReduceOp = ReduceOp.SUM,
+    process_set: Optional[ProcessSet] = None,
+) -> Op:
+    """Reduces ``a`` over the set onto ``root_rank`` only (torch.distributed's ``reduce``).
+    The root's result is the reduced array; the others' is None. Sum/Average: every member
+    pushes once and only the root pulls; Min/Max/Product: each member's tensor goes to the
+    root once, which reduces them."""
+    ps = _registered(process_set)
+    if not isinstance(root_rank, (int, np.integer)) or int(root_rank) not in ps.ranks:
+        raise UsageError(f"root_rank {root_rank!r} is not a member of {ps!r} (ranks {ps.ranks})")
+    root = int(root_rank)
+    name = _op_name(ps, name)
+    op = ReduceOp(op)
+    if op == ReduceOp.ADASUM:
+        raise CollectiveError(f"reduce '{name}': Adasum is an allreduce op only")
+    _check_scaling(name, dtype, op, 1.0, 1.0)
+    rec = _record("reduce", a, dtype, op=int(op), root=root)
+    return _start(ps, name, rec, lambda o, recs: _reduce_run(o, recs, a, dtype, op, root))
+
+
+def _reduce_run(o: Op, recs: List[Any], a: np.ndarray, dtype: str, op: ReduceOp, root: int) -> None:
+    ps = o.process_set
+    _check_records(o.name, ps, recs)
+    n = ps.size()
+    me_rank = api.rank()
+    at_root = me_rank == root
+    src = np.ascontiguousarray(a)
+    if n == 1:
+        o._finish = lambda: np.array(src, copy=True)
+        return
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        dst = np.empty_like(src) if at_root else None
+        scale = 1.0 / n if op == ReduceOp.AVERAGE and dtype in _FLOATS else 1.0
+        _route(o, f"{o.name}.reduce", src, dtype, n, True, at_root, dst=dst, scale=scale)
+
+        def finish_sum() -> Optional[np.ndarray]:
+            if dst is None:
+                return None
+            if op == ReduceOp.AVERAGE and dtype not in _FLOATS:
+                return _average(dst, dtype, n)
+            return dst
+
+        o._finish = finish_sum
+        return
+    # Min/Max/Product: block i (member i's tensor) goes to the root only.
+    me = ps.ranks.index(me_rank)
+    stack = np.empty((n, *src.shape), dtype=src.dtype) if at_root else None
+    for i, r in enumerate(ps.ranks):
+        if r == root:
+            if at_root:
+                assert stack is not None
+                stack[i] = src
+            continue
+        if at_root:
+            assert stack is not None
+            _route(o, f"{o.name}.reduce.{i}", stack[i : i + 1], dtype, 2, False, True)
+        elif i == me:
+            _route(o, f"{o.name}.reduce.{i}", src.reshape(1, *src.shape), dtype, 2, True, False)
+
+    def finish_gathered() -> Optional[np.ndarray]:
+        if stack is None:
+            return None
+        return _finish_reduce(stack, dtype, op, 1.0, n)
+
+    o._finish = finish_gathered
 
 
 # --------------------------------------------------------------------------- barrier, join

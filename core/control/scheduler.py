@@ -1143,6 +1143,7 @@ def main() -> None:
         timeout=cfg.timeout,
         heartbeat_timeout=cfg.heartbeat_timeout,
         auth_timeout=cfg.handshake_timeout,
+        elastic_servers=cfg.elastic_servers,
     )
     try:
         scheduler.bind()

@@ -16,9 +16,9 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from fastps.config import Config, format_addr
+from fastps.config import Config, format_addr, parent_pid
 from fastps.control import placement
 from fastps.control.linkspeed import link_mbit_for
 from fastps.control.protocol import ControlClient
@@ -268,14 +268,47 @@ def _serve(
             return 1
 
 
-def main() -> None:
-    """``python -m fastps.server``."""
+def _die_with_parent(pid: int) -> None:
+    """A server a worker started (``fastps.launch.store_rendezvous``) ends with that worker,
+    even when it is SIGKILLed: the kernel's parent-death signal, and a check for a parent
+    that died before the signal was armed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the scheduler's heartbeat still ends it
+        log.debug("no parent-death signal on this platform")
+    if os.getppid() != pid:
+        print(f"fastps server: the worker that started it (pid {pid}) is gone", file=sys.stderr)
+        sys.exit(1)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m fastps.server`` (``--join HOST:PORT``: a CPU-only machine's server joins
+    the job whose workers' store listens there; docs/guide/torch-distributed.md)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--join"] and len(args) == 2:
+        from fastps.launch import store_rendezvous
+
+        try:
+            sys.exit(store_rendezvous.serve_cpu_server(args[1]))
+        except FastPSError as exc:
+            print(f"fastps server: {exc}", file=sys.stderr)
+            sys.exit(2)
+    if args:
+        print("usage: python -m fastps.server [--join HOST:PORT]", file=sys.stderr)
+        sys.exit(2)
     try:
         cfg = Config.from_env({**os.environ, "FASTPS_ROLE": "server"})
         cfg.require_scheduler_addr()
+        parent = parent_pid()
     except FastPSError as exc:
         print(f"fastps server: {exc}", file=sys.stderr)
         sys.exit(2)
+    if parent is not None:
+        _die_with_parent(parent)
     cfg.setup_logging(f"fastps-server-{cfg.server_id}")
     sys.exit(run_server(cfg, install_signals=True))
 

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-from fastps.config import MODES, Config, launched_by, topology_spec
+from fastps.config import MODES, Config, launched_by, topology_spec, torch_launched
 from fastps.control import elastic_wire as _elastic_wire
 from fastps.control import placement
 from fastps.control.linkspeed import link_mbit_for
@@ -105,6 +105,12 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             return
         if config is None and _elastic_wire.enabled():
             cfg = _elastic_rendezvous.join()  # the next generation of an elastic job
+        elif config is None and torch_launched():
+            # Started by torchrun (or a launcher like it), not fastpsrun: the job forms
+            # through torch's store (fastps.launch.store_rendezvous).
+            from fastps.launch import store_rendezvous
+
+            cfg = store_rendezvous.join_from_env()
         else:
             cfg = config or Config.from_env()
         if mode is not None:

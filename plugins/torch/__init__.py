@@ -55,6 +55,7 @@ from fastps.torch.basics import (
     size,
 )
 from fastps.torch.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from fastps.torch.ddp_comm_hook import ddp_comm_hook
 from fastps.torch.functions import (
     allgather_object,
     broadcast_object,
@@ -108,9 +109,15 @@ from fastps.torch.ops import (
     synchronize,
 )
 from fastps.torch.optimizer import DistributedOptimizer
+from fastps.torch.process_group import register as _register_backend
 from fastps.torch.sync_batch_norm import SyncBatchNorm
 
+# init_process_group("fastps") works after `import fastps.torch` even where torch's
+# entry-point autoload is off (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+_register_backend()
+
 __all__ = [
+    "ddp_comm_hook",
     "init",
     "shutdown",
     "is_initialized",
