@@ -441,6 +441,42 @@ def start_gloo(
     return launch
 
 
+def start_torch_fastps(
+    rack: Any,
+    n: int,
+    k: int,
+    worker_argv: Sequence[str],
+    port: int,
+    extra_env: Optional[Mapping[str, str]] = None,
+    timeout_s: float = 120.0,
+    label: str = "torchfps",
+) -> Launch:
+    """torch.distributed on the fastps backend, started as torchrun would: one process per
+    worker host with Gloo's variables (:func:`start_gloo`; the store on w0). Rank 0 runs
+    the scheduler, the first rank on each host starts that host's server (the host's
+    FASTPS_HOSTNAME and FASTPS_HOST come from ``rack.spawn``); with ``k`` > 0 the workers
+    wait for k CPU servers (FASTPS_CPU_SERVERS) and c0..c{k-1} each run ``python -m
+    fastps.server --join <w0>:<port>``."""
+    workers = list(rack.workers[:n])
+    cpu_hosts = _cpu_hosts(rack, k)
+    common = {
+        "FASTPS_TIMEOUT": str(int(timeout_s)),
+        "FASTPS_OP_TIMEOUT": str(int(timeout_s)),
+        "FASTPS_LOG_LEVEL": "WARNING",
+        **QUIET_THREADS,
+        **(extra_env or {}),
+    }
+    launch = start_gloo(
+        rack, n, worker_argv, port, {**common, "FASTPS_CPU_SERVERS": str(k)}, label=label
+    )
+    join = [sys.executable, "-m", "fastps.server", "--join", f"{workers[0].addr}:{port}"]
+    for i, host in enumerate(cpu_hosts):
+        launch.procs.append(
+            rack.spawn(host, join, env=common, cwd=str(REPO), label=f"{label}-c{i}")
+        )
+    return launch
+
+
 GLOO_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 

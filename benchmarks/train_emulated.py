@@ -12,15 +12,20 @@ measures:
 - fastps with cross-barrier updates (``cross_barrier=True``), without, and with
   cross-barrier updates but every gradient at the same priority (what P3's order buys),
   at each k;
-- torch DDP with the Gloo backend (25 MiB buckets, the default).
+- torch DDP with the Gloo backend (25 MiB buckets, the default);
+- ``--systems ddp-fastps`` (not in the default set): the same DDP on the fastps backend
+  (``dist.init_process_group("fastps")``), at each k: the workers get torchrun's
+  variables, the first rank on each emulated host starts that host's server, the k CPU
+  hosts each run ``python -m fastps.server --join <w0>:<port>``.
 
 and prints per-iteration time, the ideal max(C, communication bound at that k) — BytePS
-Eq. 6 with the measured link goodput for fastps, the ring all-reduce bound (= k=0) for DDP —
-the fraction of the ideal and the speedup over DDP. ``--ratios``: compute = ratio x the
-communication bound at k=0 (``ref``: the V100 time x10). On ``--network loopback`` nothing
-limits the links, so the ideal is C. ``--timeline-pairs P`` runs each fastps system P times
-with the timeline off and P times on (``FASTPS_TIMELINE``, merged after each run), in the
-order off-on, on-off, ..., for the timeline's cost (docs/results/timeline-overhead.md).
+Eq. 6 with the measured link goodput for fastps and DDP-fastps, the ring all-reduce bound
+(= k=0) for DDP-Gloo — the fraction of the ideal and the speedup over DDP-Gloo.
+``--ratios``: compute = ratio x the communication bound at k=0 (``ref``: the V100 time
+x10). On ``--network loopback`` nothing limits the links, so the ideal is C.
+``--timeline-pairs P`` runs each fastps system P times with the timeline off and P times on
+(``FASTPS_TIMELINE``, merged after each run), in the order off-on, on-off, ..., for the
+timeline's cost (docs/results/timeline-overhead.md).
 
 One set of processes (rack namespaces' workers, servers and scheduler) makes every run of
 a model that it can: compute alone at every ratio, fastps at one k for every ratio and
@@ -109,13 +114,26 @@ FIELDS = [
     "status",
 ]
 LR = 0.01
-SYSTEMS = ("fastps-cb", "fastps", "fastps-cb-noprio", "ddp")
+SYSTEMS = ("fastps-cb", "fastps", "fastps-cb-noprio", "ddp", "ddp-fastps")
+DEFAULT_SYSTEMS = ("fastps-cb", "fastps", "fastps-cb-noprio", "ddp")
 LABELS = {
     "fastps-cb": "fastps cross-barrier",
     "fastps": "fastps sync step",
     "fastps-cb-noprio": "fastps cb, priority off",
     "ddp": "DDP-Gloo",
+    "ddp-fastps": "DDP-fastps",
 }
+
+
+def _family(system: str) -> str:
+    """The set of processes a system runs in: fastps (every DistributedOptimizer system),
+    ddp (Gloo) or ddp-fastps (DDP on the fastps backend)."""
+    return "fastps" if system.startswith("fastps") else system
+
+
+def _has_k(system: str) -> bool:
+    """Whether a system runs at each k (its servers), or once (DDP-Gloo's ring)."""
+    return system != "ddp"
 
 
 # ============================================================================ children
@@ -381,11 +399,27 @@ def child_fastps(args: argparse.Namespace) -> None:
     hvd.shutdown()
 
 
-def child_ddp(args: argparse.Namespace) -> None:
+def _init_fastps_backend(timeout_s: float) -> Tuple[int, int]:
+    """DDP-fastps's peer: joins the job through torch's store at MASTER_ADDR:MASTER_PORT
+    (env://) with the fastps backend; rank 0 runs the scheduler, the first rank on each
+    host (FASTPS_HOSTNAME) starts its server. Returns (rank, world size)."""
+    import datetime
+
+    import fastps.torch  # noqa: F401 - registers the backend
+    import torch.distributed as dist
+
+    dist.init_process_group("fastps", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def child_ddp(args: argparse.Namespace, backend: str = "gloo") -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    rank, world = rc.init_gloo_from_env(args.op_timeout)
+    if backend == "gloo":
+        rank, world = rc.init_gloo_from_env(args.op_timeout)
+    else:
+        rank, world = _init_fastps_backend(args.op_timeout)
     runs: Dict[str, Dict[str, Any]] = {}
     for cfg in _plan(args):
         model, sgd = _model(args, rank, cfg["iteration_s"])
@@ -400,7 +434,16 @@ def child_ddp(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-CHILDREN = {"single": child_single, "fastps": child_fastps, "ddp": child_ddp}
+def child_ddp_fastps(args: argparse.Namespace) -> None:
+    child_ddp(args, backend="fastps")
+
+
+CHILDREN = {
+    "single": child_single,
+    "fastps": child_fastps,
+    "ddp": child_ddp,
+    "ddp-fastps": child_ddp_fastps,
+}
 
 
 # ============================================================================ orchestrator
@@ -657,7 +700,7 @@ class Runner:
         self.port += 3
         n = 1 if family == "single" else a.workers
         env = dict(rc.QUIET_THREADS)
-        if family == "fastps":
+        if family in ("fastps", "ddp-fastps"):
             env.update(a.fastps_env)
         env.update(extra)
         wire = [{key: c[key] for key in ("key", "system", "iteration_s")} for c in plan]
@@ -712,6 +755,8 @@ class Runner:
                 )
             )
         else:
+            if family == "ddp-fastps":  # one host: its first rank starts n servers, as above
+                full.setdefault("FASTPS_SERVERS_PER_HOST", str(n))
             for r in range(n):
                 e = {
                     **full,
@@ -719,6 +764,7 @@ class Runner:
                     "MASTER_PORT": str(self.port),
                     "RANK": str(r),
                     "WORLD_SIZE": str(n),
+                    "LOCAL_RANK": str(r),
                 }
                 procs.append(
                     subprocess.Popen(
@@ -765,6 +811,17 @@ class Runner:
                 env,
                 timeout_s=self.args.run_timeout,
                 label=f"emu{self.port}",
+            )
+        elif family == "ddp-fastps":
+            launch = rc.start_torch_fastps(
+                rack,
+                n,
+                k,
+                argv,
+                self.port,
+                env,
+                timeout_s=self.args.run_timeout,
+                label=f"ddpfps{self.port}",
             )
         else:
             launch = rc.start_gloo(rack, n, argv, self.port, env, label=f"ddp{self.port}")
@@ -857,6 +914,8 @@ class Runner:
         ]
         if "ddp" in a.systems:
             groups.append(("ddp", 0, ["ddp"]))
+        if "ddp-fastps" in a.systems:
+            groups.extend(("ddp-fastps", k, ["ddp-fastps"]) for k in a.cpu_hosts)
         for family, k, systems in groups:
             plan: List[Dict[str, Any]] = []
             for ratio in ratios:
@@ -1037,13 +1096,13 @@ def estimate(args: argparse.Namespace) -> float:
             model_s = iterations * c  # compute alone
             per_set[("single", 0)] = per_set.get(("single", 0), 0) + 1
             for system in args.systems:
-                for k in args.cpu_hosts if system.startswith("fastps") else [0]:
+                for k in args.cpu_hosts if _has_k(system) else [0]:
                     work = link_work(spec, args.workers, k, good, rows, ring=system == "ddp")
                     cb = system in ("fastps-cb", "fastps-cb-noprio")
                     t = period(spec, c, sum(work), cb, system != "fastps-cb-noprio", work)
                     pairs = max(1, 2 * args.timeline_pairs) if system.startswith("fastps") else 1
                     model_s += pairs * iterations * t / ESTIMATE_EFFICIENCY
-                    family = ("fastps", k) if system.startswith("fastps") else ("ddp", 0)
+                    family = (_family(system), k)
                     per_set[family] = per_set.get(family, 0) + pairs
             print(
                 f"  estimate: {model} ratio {ratio}: {model_s / 60:.0f} min of iterations"
@@ -1133,7 +1192,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=["1"],
         help="compute / communication bound at k=0 (e.g. 0.5 1 2), or ref",
     )
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(DEFAULT_SYSTEMS),
+        choices=SYSTEMS,
+        help=f"default: {' '.join(DEFAULT_SYSTEMS)}; ddp-fastps: DDP on the fastps backend",
+    )
     p.add_argument("--workers", "-n", type=int, default=4)
     p.add_argument("--cpu-hosts", "-k", nargs="+", type=int, default=[0])
     p.add_argument("--rate", type=float, default=1000.0, help="Mbit/s per host link (rack)")

@@ -564,6 +564,20 @@ def torch_launched(env: Optional[Mapping[str, str]] = None) -> bool:
     )
 
 
+def torch_launch_settings(env: Optional[Mapping[str, str]] = None) -> Tuple[str, int, int, int]:
+    """MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, checked (errors name the variable)."""
+    e = _read(env)
+    addr = e.raw("MASTER_ADDR") or ""
+    port, _ = e.integer(("MASTER_PORT",), 0, minimum=1)
+    if port > 65535:
+        raise _bad("MASTER_PORT", str(port), "port out of range 1..65535")
+    size, _ = e.integer(("WORLD_SIZE",), 1, minimum=1)
+    rank, _ = e.integer(("RANK",), 0, minimum=0)
+    if rank >= size:
+        raise _bad("RANK", str(rank), f"must be < WORLD_SIZE ({size})")
+    return addr, port, rank, size
+
+
 def servers_per_host(env: Optional[Mapping[str, str]] = None) -> int:
     """FASTPS_SERVERS_PER_HOST: summation servers the first process of each worker host
     starts in a job joined through a store (default 1; 0: CPU server hosts only)."""

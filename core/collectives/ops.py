@@ -76,6 +76,7 @@ __all__ = [
     "reducescatter_async",
     "grouped_reducescatter_async",
     "reduce_async",
+    "reduce_rows",
     "barrier",
     "join",
     "broadcast_object",
@@ -996,6 +997,11 @@ def _allreduce_run(
             return deliver(_scaled(result, dtype, post))
 
         o._finish = finish
+
+
+def reduce_rows(stack: np.ndarray, dtype: str, op: ReduceOp) -> np.ndarray:
+    """Reduces the rows of ``stack`` (one per rank, rank order) with ``op``, here."""
+    return _finish_reduce(stack, dtype, op, 1.0, int(stack.shape[0]))
 
 
 def _finish_reduce(

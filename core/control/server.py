@@ -293,10 +293,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         from fastps.launch import store_rendezvous
 
         try:
-            sys.exit(store_rendezvous.serve_cpu_server(args[1]))
+            joined = store_rendezvous.cpu_server_config(args[1])
         except FastPSError as exc:
             print(f"fastps server: {exc}", file=sys.stderr)
             sys.exit(2)
+        joined.setup_logging(f"fastps-server-{joined.server_id}")
+        sys.exit(run_server(joined, install_signals=True))
     if args:
         print("usage: python -m fastps.server [--join HOST:PORT]", file=sys.stderr)
         sys.exit(2)

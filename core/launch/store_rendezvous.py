@@ -42,7 +42,17 @@ from fastps import config as _config
 from fastps.config import Config, format_addr
 from fastps.errors import FastPSError
 
-__all__ = ["join", "join_from_env", "started", "JOB_KEY", "CPU_JOB_KEY"]
+__all__ = [
+    "join",
+    "join_from_env",
+    "cpu_server_config",
+    "started",
+    "root_store",
+    "wait_for",
+    "text_of",
+    "JOB_KEY",
+    "CPU_JOB_KEY",
+]
 
 log = logging.getLogger("fastps.rendezvous")
 
@@ -71,14 +81,14 @@ def started() -> Optional[Dict[str, Any]]:
     return None if _started is None else dict(_started.job)
 
 
-def _root(store: Any) -> Any:
+def root_store(store: Any) -> Any:
     """The store under any ``PrefixStore`` wrappers (where ``--join`` finds the job)."""
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
     return store
 
 
-def _wait(store: Any, keys: Sequence[str], timeout: float, what: str) -> None:
+def wait_for(store: Any, keys: Sequence[str], timeout: float, what: str) -> None:
     try:
         store.wait(list(keys), datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - the store's own error type varies
@@ -97,7 +107,7 @@ def _has(store: Any, key: str) -> bool:
         return False
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
@@ -139,8 +149,8 @@ def join(
     atexit.register(_at_exit, own)
     if rank == 0:
         _start_job(store, own, size, timeout, hostname, me, base, env)
-    _wait(store, [JOB_KEY], timeout, "the job's description from rank 0")
-    job = json.loads(_text(store.get(JOB_KEY)))
+    wait_for(store, [JOB_KEY], timeout, "the job's description from rank 0")
+    job = json.loads(text_of(store.get(JOB_KEY)))
     own.job = job
     hosts_of = job["host_of_rank"]
     if len(hosts_of) != size or hosts_of[rank] != hostname:
@@ -185,8 +195,8 @@ def _start_job(
     from fastps.control.scheduler import Scheduler
 
     keys = [f"{KEY_PREFIX}host/{r}" for r in range(size)]
-    _wait(store, keys, timeout, "every rank's host name")
-    host_of_rank = [_text(store.get(k)) for k in keys]
+    wait_for(store, keys, timeout, "every rank's host name")
+    host_of_rank = [text_of(store.get(k)) for k in keys]
     hosts: List[str] = []
     for h in host_of_rank:
         if h not in hosts:
@@ -239,7 +249,7 @@ def _start_job(
     )
     text = json.dumps(job)
     if cpu:
-        _root(store).set(CPU_JOB_KEY, text)
+        root_store(store).set(CPU_JOB_KEY, text)
     store.set(JOB_KEY, text)
 
 
@@ -311,37 +321,52 @@ def _at_exit(own: _Started) -> None:
 
 def join_from_env(env: Optional[Mapping[str, str]] = None) -> Config:
     """``fastps.init()`` in a process torchrun (or any launcher setting MASTER_ADDR,
-    MASTER_PORT, RANK and WORLD_SIZE) started: the store comes from torch's env://
-    rendezvous, shared with a later ``init_process_group``."""
+    MASTER_PORT, RANK and WORLD_SIZE) started. The store is torch's (its env:// rendezvous,
+    shared with a later ``init_process_group``) where torch imports; elsewhere (TensorFlow
+    or MXNet without torch) rank 0 serves ``fastps.launch.kv_store`` at MASTER_ADDR:MASTER_PORT."""
     env = dict(os.environ if env is None else env)
+    timeout = Config.from_env(env).timeout  # FASTPS_TIMEOUT: how long ranks wait for each other
+    master, port, rank, size = _config.torch_launch_settings(env)
     try:
         import torch.distributed as dist
     except ImportError:
-        raise FastPSError(
-            "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE are set but FASTPS_SCHEDULER_ADDR is not: "
-            "joining a job started by torchrun needs torch's store (pip install torch), or "
-            "start the job with fastpsrun"
-        ) from None
-    timeout = _config.DEFAULT_STORE_TIMEOUT
-    store, rank, size = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=timeout)))
-    store.set_timeout(datetime.timedelta(seconds=timeout))
-    return join(store, rank, size, timeout, env.get("MASTER_ADDR"), env)
+        dist = None  # type: ignore[assignment]
+    if dist is not None:
+        td = datetime.timedelta(seconds=timeout)
+        store, rank, size = next(dist.rendezvous("env://", timeout=td))
+        store.set_timeout(td)
+    else:
+        from fastps.launch.kv_store import StoreClient, StoreServer
+
+        if rank == 0:
+            _kv_servers.append(StoreServer("0.0.0.0", port))
+        store = StoreClient(master, port, timeout)
+    return join(store, rank, size, timeout, master, env)
 
 
-def serve_cpu_server(addr: str, timeout: float = _config.DEFAULT_STORE_TIMEOUT) -> int:
-    """``python -m fastps.server --join HOST:PORT``: a server on a CPU-only machine joins the
-    job whose store listens at ``addr`` (the workers' MASTER_ADDR:MASTER_PORT). Needs torch
-    for the store client."""
+_kv_servers: List[Any] = []  # rank 0's store without torch: served as long as the process
+
+
+def cpu_server_config(addr: str, timeout: float = _config.DEFAULT_STORE_TIMEOUT) -> Config:
+    """``python -m fastps.server --join HOST:PORT``: the configuration of a server on a
+    CPU-only machine joining the job whose store listens at ``addr`` (the workers'
+    MASTER_ADDR:MASTER_PORT); it takes the next server id. The store client is torch's where
+    torch imports, else fastps's own (``fastps.launch.kv_store``, as the workers chose)."""
     from fastps.config import parse_addr
 
     host, port = parse_addr(addr, "--join")
     try:
         import torch.distributed as dist
+
+        store: Any = dist.TCPStore(
+            host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout)
+        )
     except ImportError:
-        raise FastPSError("--join needs torch's store client (pip install torch)") from None
-    store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
-    _wait(store, [CPU_JOB_KEY], timeout, "the job (rank 0 writes it once every rank came)")
-    job = json.loads(_text(store.get(CPU_JOB_KEY)))
+        from fastps.launch.kv_store import StoreClient
+
+        store = StoreClient(host, port, timeout)
+    wait_for(store, [CPU_JOB_KEY], timeout, "the job (rank 0 writes it once every rank came)")
+    job = json.loads(text_of(store.get(CPU_JOB_KEY)))
     seq = int(store.add(CPU_SEQ_KEY, 1)) - 1
     if seq >= int(job["cpu_servers"]):
         raise FastPSError(
@@ -351,8 +376,4 @@ def serve_cpu_server(addr: str, timeout: float = _config.DEFAULT_STORE_TIMEOUT) 
     sid = len(job["hosts"]) * int(job["servers_per_host"]) + seq
     env = _server_env(sid, job, _advertised(os.environ, host), os.environ)
     env.pop("FASTPS_PARENT_PID", None)
-    from fastps.control.server import run_server
-
-    cfg = Config.from_env(env)
-    cfg.setup_logging(f"fastps-server-{sid}")
-    return run_server(cfg, install_signals=True)
+    return Config.from_env(env)

@@ -48,7 +48,51 @@ SET_SEQ_KEY = "fastps/member_set_seq"
 SET_ID_KEY = "fastps/process_set_id"
 
 _Work = Any  # torch._C._distributed_c10d.Work
-_create_work = torch._C._distributed_c10d._create_work_from_future
+
+
+def _value(fut: Future) -> Any:
+    return fut.value()  # raises the op's error (Future.set_exception)
+
+
+class _FastPSWork(dist.Work):
+    """The work of one op. torch's future-wrapping work
+    (``_create_work_from_future``) returns True from ``wait()`` even when its future
+    failed (``Future.set_exception`` stores the error as the value), so an op's error
+    never reached the caller. Here ``wait()`` raises the op's own error, and
+    ``get_future()`` is a future failed with it (for torch's C++ side too: DDP)."""
+
+    def __init__(self, fut: Future) -> None:
+        super().__init__()
+        self._fut = fut
+        self._out = fut.then(_value)
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> Future:
+        return self._out
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self.exception() is None if self._fut.done() else False
+
+    def exception(self) -> Optional[BaseException]:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.wait()
+        except BaseException as exc:  # noqa: BLE001 - the op's error, handed back
+            return exc
+        return None
+
+    def result(self) -> Any:
+        return self._fut.wait()
+
+
+_create_work = _FastPSWork
 
 # torch dtypes the servers reduce as they are (bfloat16 as its bits, summed as bfloat16).
 _CORE = {
@@ -92,13 +136,37 @@ def _op_of(reduce_op: Any, what: str) -> Any:
         if reduce_op == theirs:
             return ours
     raise ValueError(
-        f"fastps backend: {what}: reduce op {reduce_op} is not supported (supported: SUM, AVG, "
-        "MIN, MAX, PRODUCT, BAND, BOR, BXOR)"
+        f"fastps backend: {what}: reduce op {getattr(reduce_op, 'op', reduce_op)} is not "
+        "supported (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR; PREMUL_SUM in "
+        "all_reduce and reduce_scatter)"
     )
+
+
+def _premul_factor(reduce_op: Any, tensors: Sequence[torch.Tensor], what: str) -> Optional[float]:
+    """The factor of a ``PREMUL_SUM`` (``dist._make_nccl_premul_sum(f)``: every input times f,
+    then summed; FSDP2 asks for it after ``set_gradient_divide_factor`` on float32/bfloat16
+    gradients), else None."""
+    if getattr(reduce_op, "op", None) != dist.ReduceOp.PREMUL_SUM:
+        return None
+    for t in tensors:
+        if not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(
+                f"fastps backend: {what}: PREMUL_SUM of {_describe(t)} is not supported: it "
+                "scales floating-point tensors only"
+            )
+    factor = reduce_op.__getstate__()[1]
+    return float(factor.item() if isinstance(factor, torch.Tensor) else factor)
 
 
 def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def _op_name(op: Any) -> str:
+    """A reduce op as torch users spell it (SUM, AVG, ..., BXOR)."""
+    if isinstance(op, str):
+        return op.upper()
+    return {ReduceOp.AVERAGE: "AVG"}.get(op, getattr(op, "name", str(op)).upper())
 
 
 # --------------------------------------------------------------------------- tensor <-> host
@@ -142,11 +210,16 @@ class _Reduction:
                     f"fastps backend: {what}: bitwise {op.upper()} needs an integer or bool "
                     f"tensor, got {_describe(t)}"
                 )
+            if dtype == torch.bool and op == ReduceOp.AVERAGE:
+                raise ValueError(
+                    f"fastps backend: {what}: AVG of {_describe(t)} is not defined; use SUM "
+                    "(logical OR), MIN or MAX"
+                )
         elif dtype in _COMPLEX:
             if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
                 raise ValueError(
-                    f"fastps backend: {what}: {_describe(t)} is complex; only SUM and AVG "
-                    "are defined for it"
+                    f"fastps backend: {what}: {_op_name(op)} of {_describe(t)} is not "
+                    "supported: complex tensors reduce with SUM and AVG only"
                 )
             wire = torch.view_as_real(base)
             self.dtype = "float32" if dtype == torch.complex64 else "float64"
@@ -167,8 +240,8 @@ class _Reduction:
                 wire = wire ^ self.flip
         else:
             raise ValueError(
-                f"fastps backend: {what}: reductions of {_describe(t)} are not supported "
-                "(data movement ops take every dtype)"
+                f"fastps backend: {what}: {_op_name(op)} of {_describe(t)} is not supported: "
+                "this dtype does not reduce (data movement ops take every dtype)"
             )
         self.wire = wire.contiguous()
         self.base = base
@@ -220,6 +293,8 @@ class FastPSProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._ps = process_set
         self._gid = group_id
+        self._group_name = group_id
+        self._group_desc = ""
         self._timeout = timeout
         self._seq = 0
         self._lock = threading.Lock()
@@ -234,6 +309,21 @@ class FastPSProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
+
+    # A ProcessGroup subclass has no backend to keep its name: without these, ``group_name``
+    # (destroy_process_group(subgroup), DeviceMesh, functional collectives) raises
+    # "ProcessGroup name not set".
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
 
     @property
     def process_set(self) -> ProcessSet:
@@ -333,7 +423,13 @@ class FastPSProcessGroup(dist.ProcessGroup):
             self._allreduces_in_flight -= 1
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
-        op = _op_of(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        factor = _premul_factor(reduce_op, tensors, "allreduce")
+        if factor is not None:  # PREMUL_SUM: scaled in place, then the sum overwrites them
+            for t in tensors:
+                t.detach().mul_(factor)
+            reduce_op = dist.ReduceOp.SUM
+        op = _op_of(reduce_op, "allreduce")
         name = self._name()
         priority = self._allreduce_priority()
         try:
@@ -424,7 +520,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 if op in _BITWISE:
                     mine = _bitwise(stack, op)
                 else:
-                    mine = C._finish_reduce(stack, red.dtype, op, 1.0, n)
+                    mine = C.reduce_rows(stack, red.dtype, op)
             out_red.restore(mine.reshape(out_red.wire.shape))
 
         return finish
@@ -432,7 +528,8 @@ class FastPSProcessGroup(dist.ProcessGroup):
     def reduce_scatter(
         self, outputs: List[torch.Tensor], inputs: List[List[torch.Tensor]], opts: Any
     ) -> _Work:
-        op = _op_of(opts.reduceOp, "reduce_scatter")
+        factor = _premul_factor(opts.reduceOp, [t for ins in inputs for t in ins], "reduce_scatter")
+        op = ReduceOp.SUM if factor is not None else _op_of(opts.reduceOp, "reduce_scatter")
         name = self._name()
         finishes = []
         for i, (out, ins) in enumerate(zip(outputs, inputs)):
@@ -444,6 +541,8 @@ class FastPSProcessGroup(dist.ProcessGroup):
                         f"the output {_describe(out)}"
                     )
             rows = torch.stack([_contiguous_host(t).reshape(-1) for t in ins])
+            if factor is not None:
+                rows.mul_(factor)  # PREMUL_SUM (rows is a copy)
             part = f"{name}.{i}" if len(outputs) > 1 else name
             finishes.append(self._reduce_scatter_rows(out, rows, op, part))
 
@@ -455,7 +554,8 @@ class FastPSProcessGroup(dist.ProcessGroup):
         return self._submit(name, finish)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
-        op = _op_of(opts.reduceOp, "reduce_scatter_tensor")
+        factor = _premul_factor(opts.reduceOp, [input], "reduce_scatter_tensor")
+        op = ReduceOp.SUM if factor is not None else _op_of(opts.reduceOp, "reduce_scatter_tensor")
         if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
             raise ValueError(
                 f"fastps backend: reduce_scatter_tensor: input {_describe(input)} must hold "
@@ -463,6 +563,8 @@ class FastPSProcessGroup(dist.ProcessGroup):
             )
         name = self._name()
         rows = _contiguous_host(input).reshape(self.size(), -1)
+        if factor is not None:
+            rows = rows * factor  # PREMUL_SUM (the input stays as it is)
         f = self._reduce_scatter_rows(output, rows, op, name)
 
         def finish() -> torch.Tensor:
@@ -766,25 +868,25 @@ class FastPSProcessGroup(dist.ProcessGroup):
 
 def _set_id(store: Any, group_rank: int, timeout: float) -> int:
     """The members' common id for a new group's process set, drawn by its first member."""
-    from fastps.launch.store_rendezvous import _root, _text, _wait
+    from fastps.launch.store_rendezvous import root_store, text_of, wait_for
 
     if group_rank == 0:
-        seq = int(_root(store).add(SET_SEQ_KEY, 1))
+        seq = int(root_store(store).add(SET_SEQ_KEY, 1))
         store.set(SET_ID_KEY, str(C.MEMBER_SET_IDS + seq))
-    _wait(store, [SET_ID_KEY], timeout, "the new group's id from its first member")
-    return int(_text(store.get(SET_ID_KEY)))
+    wait_for(store, [SET_ID_KEY], timeout, "the new group's id from its first member")
+    return int(text_of(store.get(SET_ID_KEY)))
 
 
 def _master_addr(store: Any) -> Optional[str]:
-    from fastps.launch.store_rendezvous import _root
+    from fastps.launch.store_rendezvous import root_store
 
-    return getattr(_root(store), "host", None)
+    return getattr(root_store(store), "host", None)
 
 
 def create_process_group(dist_options: Any, backend_options: Any = None) -> FastPSProcessGroup:
     """The creator torch.distributed calls (``register_backend(..., extended_api=True)``)."""
-    import fastps.torch as hvd
     from fastps.launch import store_rendezvous
+    from fastps.torch import basics
 
     store = dist_options.store
     rank = int(dist_options.group_rank)
@@ -801,8 +903,8 @@ def create_process_group(dist_options: Any, backend_options: Any = None) -> Fast
             )
         cfg = store_rendezvous.join(store, rank, size, timeout, _master_addr(store))
         _api.init(cfg)
-    if not hvd.is_initialized():
-        hvd.init()
+    if not basics.is_initialized():
+        basics.init()
     world = _api.size()
     me = _api.rank()
     if ranks == list(range(world)):
