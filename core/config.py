@@ -578,6 +578,11 @@ def torch_launch_settings(env: Optional[Mapping[str, str]] = None) -> Tuple[str,
     return addr, port, rank, size
 
 
+def scheduler_given(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether FASTPS_SCHEDULER_ADDR is set (a fastpsrun job, or roles started by hand)."""
+    return _read(env).raw("FASTPS_SCHEDULER_ADDR") is not None
+
+
 def servers_per_host(env: Optional[Mapping[str, str]] = None) -> int:
     """FASTPS_SERVERS_PER_HOST: summation servers the first process of each worker host
     starts in a job joined through a store (default 1; 0: CPU server hosts only)."""

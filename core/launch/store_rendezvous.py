@@ -327,11 +327,14 @@ def join_from_env(env: Optional[Mapping[str, str]] = None) -> Config:
     env = dict(os.environ if env is None else env)
     timeout = Config.from_env(env).timeout  # FASTPS_TIMEOUT: how long ranks wait for each other
     master, port, rank, size = _config.torch_launch_settings(env)
+    store: Any
     try:
         import torch.distributed as dist
+
+        have_torch = True
     except ImportError:
-        dist = None  # type: ignore[assignment]
-    if dist is not None:
+        have_torch = False
+    if have_torch:
         td = datetime.timedelta(seconds=timeout)
         store, rank, size = next(dist.rendezvous("env://", timeout=td))
         store.set_timeout(td)

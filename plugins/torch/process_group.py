@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from fastps.collectives import ops as C
 from fastps.collectives.ops import ProcessSet, ReduceOp
+from fastps.config import scheduler_given, torch_launched
 from fastps.errors import FastPSError
 from fastps.worker import api as _api
 from torch.futures import Future
@@ -290,7 +291,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
         group_id: str,
         timeout: float,
     ) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs know only (store, ...)
         self._ps = process_set
         self._gid = group_id
         self._group_name = group_id
@@ -458,7 +459,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
         op = _op_of(opts.reduceOp, "reduce")
         root = self._global(opts.rootRank, "reduce")
         name = self._name()
-        finishes = []
+        finishes: List[Callable[[], None]] = []
         for i, t in enumerate(tensors):
             part = f"{name}.{i}" if len(tensors) > 1 else name
             red = _Reduction(t, op, f"reduce '{part}'")
@@ -895,6 +896,8 @@ def create_process_group(dist_options: Any, backend_options: Any = None) -> Fast
     timeout = td.total_seconds() if isinstance(td, datetime.timedelta) else float(td)
     ranks = list(dist_options.global_ranks_in_group or range(size))
     group_id = str(dist_options.group_id or "0")
+    if not _api.is_initialized() and not torch_launched() and scheduler_given():
+        _api.init()  # a fastpsrun job (FASTPS_SCHEDULER_ADDR set): join it, start nothing
     if not _api.is_initialized():
         if len(ranks) != size or ranks != list(range(size)):
             raise FastPSError(

@@ -23,7 +23,10 @@ def _run_suite(suite: str, nproc: int, path: str, timeout: float = 300.0) -> str
     failures = [line for line in out.splitlines() if "FAIL rank" in line]
     assert proc.returncode == 0 and not failures, (
         f"{suite} suite, {nproc} ranks, {path} path: exit {proc.returncode}, "
-        f"{len(failures)} mismatches:\n" + "\n".join(failures[:40]) + "\n--- output tail:\n" + out[-6000:]
+        f"{len(failures)} mismatches:\n"
+        + "\n".join(failures[:40])
+        + "\n--- output tail:\n"
+        + out[-6000:]
     )
     ok: List[str] = re.findall(r"OPS OK rank (\d+) checks (\d+)", out)
     assert sorted(int(r) for r, _ in ok) == list(range(nproc)), out[-4000:]

@@ -88,9 +88,10 @@ def start_torchrun(
     nproc: int = 2,
     env: Optional[Dict[str, str]] = None,
     log: Path,
+    port: Optional[int] = None,
 ) -> subprocess.Popen:
     """:func:`torchrun` without waiting (:func:`kill_tree` ends what it started); stdout
-    and stderr go to ``log``."""
+    and stderr go to ``log``; the store listens on ``port`` (default: a free one)."""
     cmd = [
         sys.executable,
         "-m",
@@ -102,7 +103,7 @@ def start_torchrun(
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(free_port()),
+        str(port or free_port()),
         str(script),
         *args,
     ]

@@ -1,12 +1,12 @@
 """DDP under torchrun on the process group's backend (argv: backend, output folder, cases).
 
 Every case trains a small float64 classifier (a BatchNorm layer, so DDP broadcasts buffers
-every forward) with SGD-momentum from the model rank 0 broadcasts (each rank starts from its own seed)
-on batches of its own, and saves this rank's final parameters and per-step losses to
-``<out>/<case>.<rank>.pt``; the test compares them across backends. Leaf gradients are
-rounded to multiples of 2^-40 before DDP sees them (and stay below 2^8), so any sum of up
-to 16 of them is exact whatever the order: a backend's results are bit-equal to gloo's at
-any world size, and a float32 detour (24 bits) would still show.
+every forward) with SGD-momentum from the model rank 0 broadcasts (each rank starts from a
+seed of its own) on batches of its own, and saves this rank's initial and final parameters,
+buffers and per-step losses to ``<out>/<case>.<rank>.pt``; the test compares them across
+backends. Leaf gradients are rounded to multiples of 2^-40 before DDP sees them (and stay
+below 2^8), so any sum of up to 16 of them is exact whatever the order: a backend's results
+are bit-equal to gloo's at any world size, and a float32 detour (24 bits) would still show.
 
 Cases: ``default``, ``bucket_view`` (gradient_as_bucket_view), ``no_sync`` (two
 micro-batches, the first under no_sync), ``static_graph``, ``unused``
@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -28,13 +29,12 @@ from common import apply_data_path
 
 apply_data_path()
 
+import fastps.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-import fastps.torch as hvd  # noqa: E402
 
 STEPS = 12
 BATCH = 32
@@ -130,7 +130,7 @@ def run_case(case: str, rank: int, out: Path, backend: str) -> None:
     elif case == "unused":
         kwargs["find_unused_parameters"] = True
     elif case == "buckets":
-        kwargs["bucket_cap_mb"] = 0.01  # 10 KB: the 16-82 KB layers go in 4-5 buckets
+        kwargs["bucket_cap_mb"] = 0.01  # 3 buckets: out+branch, hidden, norm+inp
     ddp = DDP(model, **kwargs)
     init = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # rank 0's
     if case in HOOKS:
@@ -171,8 +171,9 @@ def main() -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
     for case in cases:
+        start = time.perf_counter()
         run_case(case, rank, out, backend)
-        print(f"DDP CASE {case} rank={rank} OK", flush=True)
+        print(f"DDP CASE {case} rank={rank} OK {time.perf_counter() - start:.1f} s", flush=True)
     dist.destroy_process_group()
 
 

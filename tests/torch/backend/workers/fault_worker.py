@@ -1,8 +1,8 @@
 """Workers for test_backend_faults.py.
 
 ``fault_worker.py suicide VICTIM``: a few all_reduces, then rank VICTIM SIGKILLs itself
-while the others wait in their next all_reduce, which they time (they ignore torchrun's SIGTERM so that the op's own
-error, not torchrun, ends them). Each survivor prints
+while the others wait in their next all_reduce, which they time (they ignore torchrun's
+SIGTERM so that the op's own error, not torchrun, ends them). Each survivor prints
 ``SURVIVOR rank R: <error type> after S s: <message>``.
 
 ``fault_worker.py forever DIR``: writes ``DIR/rank<R>.json`` (its pid, the job id, the pids

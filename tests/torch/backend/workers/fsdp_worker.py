@@ -1,10 +1,11 @@
-"""FSDP2 (``fully_shard``) under torchrun on the process group's backend (argv: backend,
-output folder, cases).
+"""FSDP2 (``fully_shard``) under torchrun (argv: backend, output folder, cases), on the
+default process group's backend and, as the reference, on a gloo group of all the ranks.
 
-Each case shards a small float64 MLP over ``init_device_mesh("cpu", (world,))`` (every
-Linear its own FSDP unit, then the root), trains it a few steps on batches of this rank's
+Each case shards a small MLP over ``init_device_mesh("cpu", (world,))`` (the default
+group; the reference: ``DeviceMesh.from_group`` of ``new_group(backend="gloo")``), every
+Linear its own FSDP unit, then the root, trains it a few steps on batches of this rank's
 own and saves the full parameters (``DTensor.full_tensor()``, an all-gather) and the
-per-step losses to ``<out>/<case>.<rank>.pt``; the test compares them across backends.
+per-step losses to ``<out>/<case>.<backend>.<rank>.pt``; the test compares the two.
 FSDP2 moves parameters with all_gather_into_tensor and gradients with
 reduce_scatter_tensor; for float64 it sums (ReduceOp.SUM) and divides by the world size
 itself, for float32 it asks the backend for ReduceOp.AVG.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -28,14 +30,13 @@ from common import apply_data_path
 
 apply_data_path()
 
+import fastps.torch  # noqa: E402, F401 - registers the "fastps" backend
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
-
-import fastps.torch  # noqa: E402, F401 - registers the "fastps" backend
 
 STEPS = 6
 BATCH = 16
@@ -52,10 +53,11 @@ def model(dtype: torch.dtype) -> nn.Sequential:
     ).to(dtype)
 
 
-def run_case(case: str, rank: int, world: int, out: Path, premul: bool) -> None:
+def run_case(case: str, mesh: DeviceMesh, out: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_backend(mesh.get_group())
     dtype = torch.float32 if case in ("fp32", "premul") else torch.float64
     net = model(dtype)
-    mesh = init_device_mesh("cpu", (world,))
     reshard = case != "adam"
     for layer in net:
         if isinstance(layer, nn.Linear):
@@ -65,7 +67,7 @@ def run_case(case: str, rank: int, world: int, out: Path, premul: bool) -> None:
         for m in net.modules():  # each FSDP unit reduces its own gradients
             if isinstance(m, FSDPModule):
                 m.set_gradient_divide_factor(2.0 * world)  # a mean over twice the ranks
-                if not premul:  # gloo refuses PREMUL_SUM: FSDP2 sums, then divides
+                if backend == "gloo":  # gloo refuses PREMUL_SUM: FSDP2 sums, then divides
                     m.set_force_sum_reduction_for_comms(True)
     if case == "adam":
         opt: torch.optim.Optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
@@ -89,7 +91,7 @@ def run_case(case: str, rank: int, world: int, out: Path, premul: bool) -> None:
             "losses": torch.tensor(losses, dtype=torch.float64),
             "local_numel": local,
         },
-        out / f"{case}.{rank}.pt",
+        out / f"{case}.{backend}.{rank}.pt",
     )
 
 
@@ -97,9 +99,19 @@ def main() -> None:
     backend, out, cases = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=90))
     rank, world = dist.get_rank(), dist.get_world_size()
+    meshes = [init_device_mesh("cpu", (world,))]
+    if backend != "gloo":
+        meshes.append(DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu"))
     for case in cases:
-        run_case(case, rank, world, out, backend != "gloo")
-        print(f"FSDP CASE {case} rank={rank} OK", flush=True)
+        for mesh in meshes:
+            start = time.perf_counter()
+            run_case(case, mesh, out)
+            took = time.perf_counter() - start
+            print(
+                f"FSDP CASE {case} {dist.get_backend(mesh.get_group())} rank={rank} OK "
+                f"{took:.1f} s",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 
