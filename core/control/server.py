@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from fastps.config import Config, format_addr, parent_pid
@@ -255,6 +256,15 @@ def _serve(
             log.info("%s: shutdown", me)
             return 0
         signum = state["signal"]
+        if signum and ("orphaned_at" in state or _orphaned()):
+            # The worker that started this server died (its death signal): the scheduler
+            # names that worker when its connection drops; a report from here would name
+            # this server instead. Wait briefly for the scheduler's verdict, then go.
+            since = state.setdefault("orphaned_at", time.monotonic())
+            if time.monotonic() - since < ORPHAN_GRACE:
+                continue
+            log.warning("%s: the worker that started it is gone", me)
+            return 128 + signum
         if signum:
             name = signal.Signals(signum).name
             log.warning("%s: terminated by %s", me, name)
@@ -266,6 +276,31 @@ def _serve(
             log.error("%s", reason)
             client.send_abort(reason)
             return 1
+
+
+ORPHAN_GRACE = 5.0  # s an orphaned server waits for the scheduler to name the dead worker
+
+
+def _orphaned(wait: float = 1.0) -> bool:
+    """Whether this server was started by a worker (FASTPS_PARENT_PID) that is gone or
+    going. The death signal comes when the thread that started the server exits, which may
+    be before the rest of that process: give it ``wait`` seconds to be gone."""
+    parent = parent_pid()
+    if parent is None:
+        return False
+    deadline = time.monotonic() + wait
+    while True:
+        if os.getppid() != parent:
+            return True
+        try:
+            with open(f"/proc/{parent}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except OSError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _die_with_parent(pid: int) -> None:
