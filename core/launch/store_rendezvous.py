@@ -370,7 +370,7 @@ def cpu_server_config(addr: str, timeout: float = _config.DEFAULT_STORE_TIMEOUT)
         store = StoreClient(host, port, timeout)
     wait_for(store, [CPU_JOB_KEY], timeout, "the job (rank 0 writes it once every rank came)")
     job = json.loads(text_of(store.get(CPU_JOB_KEY)))
-    seq = int(store.add(CPU_SEQ_KEY, 1)) - 1
+    seq = int(store.add(f"{CPU_SEQ_KEY}/{job['job_id']}", 1)) - 1  # per job: restarts count anew
     if seq >= int(job["cpu_servers"]):
         raise FastPSError(
             f"the job at {format_addr(host, port)} wants {job['cpu_servers']} CPU servers and "
