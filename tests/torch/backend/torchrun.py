@@ -54,15 +54,21 @@ def torchrun(
         run_env.pop(var)
     run_env.setdefault("PYTHONUNBUFFERED", "1")
     run_env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.run(
+    proc = subprocess.Popen(
         cmd,
         env=run_env,
         cwd=str(REPO),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)  # torchrun's workers run in sessions of their own: end them too
+        out, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
 # The data paths every matrix runs over: shared memory and local reduce between the ranks of
