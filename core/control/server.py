@@ -324,7 +324,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     """``python -m fastps.server`` (``--join HOST:PORT``: a CPU-only machine's server joins
     the job whose workers' store listens there; docs/guide/torch-distributed.md)."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--join"] and len(args) == 2:
+    if args[:1] == ["--join"] and len(args) != 2:
+        print("usage: python -m fastps.server [--join HOST:PORT]", file=sys.stderr)
+        sys.exit(2)
+    if args[:1] == ["--join"]:
         from fastps.launch import store_rendezvous
 
         try:
@@ -334,9 +337,6 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.exit(2)
         joined.setup_logging(f"fastps-server-{joined.server_id}")
         sys.exit(run_server(joined, install_signals=True))
-    if args:
-        print("usage: python -m fastps.server [--join HOST:PORT]", file=sys.stderr)
-        sys.exit(2)
     try:
         cfg = Config.from_env({**os.environ, "FASTPS_ROLE": "server"})
         cfg.require_scheduler_addr()
