@@ -109,11 +109,21 @@ from fastps.torch.ops import (
     synchronize,
 )
 from fastps.torch.optimizer import DistributedOptimizer
-from fastps.torch.process_group import register as _register_backend
 from fastps.torch.sync_batch_norm import SyncBatchNorm
 
-# init_process_group("fastps") works after `import fastps.torch` even where torch's
-# entry-point autoload is off (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+
+def _register_backend() -> None:
+    """init_process_group("fastps") works after `import fastps.torch` even where torch's
+    entry-point autoload is off (TORCH_DEVICE_BACKEND_AUTOLOAD=0); torch builds without
+    torch.distributed keep Horovod's API."""
+    import torch.distributed as dist
+
+    if dist.is_available():
+        from fastps.torch.process_group import register
+
+        register()
+
+
 _register_backend()
 
 __all__ = [
