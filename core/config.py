@@ -72,31 +72,31 @@ GiB = 1024 * MiB
 
 # Parts and the per-server credit. On one host (shared memory) the work is memory-bound:
 # a 1 MiB part is still in cache when the next stage (the owner's sum, the copies out)
-# reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/benchmarks.md §2).
+# reads it, 10-15% faster than 4 MiB parts with 2-4 workers (docs/performance.md §2).
 # Across a network a part is answered only once every worker's copy crossed a link, so
-# small parts start the results flowing sooner (docs/benchmarks.md, rack sweep). In training
+# small parts start the results flowing sooner (docs/performance.md, rack sweep). In training
 # with cross-barrier updates a part also sets how long the next forward pass's first layers
 # wait behind parts already on the wire: ResNet-50 on the emulated rack, network-bound
 # (compute = half the bound), k = 2: 512 KiB parts 0.70 of the ideal, 256 KiB 0.86-0.87,
 # 128 KiB 0.90, 64 KiB 0.91; push_pull alone is the same at 128 and 256 KiB (97-98% of
-# the bound at every k; docs/benchmarks.md §9). None: chosen at init.
+# the bound at every k; docs/performance.md §9). None: chosen at init.
 LOCAL_PARTITION_BYTES = 1 * MiB
 NETWORK_PARTITION_BYTES = 128 * KiB
 # Under the rack hierarchy a relayed part is stored and forwarded four times (push, rack sum
 # up, owner's answer, fan-out) before its pushers hear back, each hop a whole part: smaller
 # parts keep the stages overlapped. 2 racks x 4 hosts at 50 Mbit/s: 256 KiB parts reached
-# 0.87 of the bound, 128 KiB 0.92, 64 KiB 0.94, 32 KiB 0.96 (docs/benchmarks.md §20).
+# 0.87 of the bound, 128 KiB 0.92, 64 KiB 0.94, 32 KiB 0.96 (docs/performance.md §20).
 RACK_PARTITION_BYTES = 64 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 # A nudge moves a part ahead only once it has waited this long in the worker's queue (0: at
 # once). The simulator (ResNet-50, 30% jitter) favoured 10 ms at the balanced point (0.926 of
 # the ideal against 0.890 at once); on the rack 10 ms lost there instead (0.889 / 0.891
-# against 0.924 / 0.919 at once, paired runs, docs/benchmarks.md §9), so at once it stays.
+# against 0.924 / 0.919 at once, paired runs, docs/performance.md §9), so at once it stays.
 DEFAULT_NUDGE_MIN_WAIT = 0.0
 # Tensor fusion (csrc/worker/fusion.h): gradients smaller than this travel packed with their
 # neighbours in the priority order, in buckets of at most this size (and at most one part),
 # so a model of many small tensors costs a few parts instead of one per tensor
-# (docs/benchmarks.md, "Tensor fusion"). 0: off.
+# (docs/performance.md, "Tensor fusion"). 0: off.
 DEFAULT_FUSION_THRESHOLD = 256 * KiB
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
@@ -116,7 +116,7 @@ def default_engine_threads(cores: Optional[int] = None) -> int:
     cores: a 128 KiB part sums in less time than waking another thread for it takes, and on
     2 cores that thread competes with the network stack. The emulated rack (2 cores for 8
     hosts, ResNet-50 at ratio 1/2, k = 4) measured 0.867-0.893 of the ideal against
-    0.824-0.891 with 2 threads (docs/benchmarks.md, section 9). More cores: 2 threads.
+    0.824-0.891 with 2 threads (docs/performance.md, section 9). More cores: 2 threads.
     """
     if cores is None:
         cores = len(os.sched_getaffinity(0))

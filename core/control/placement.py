@@ -130,7 +130,7 @@ def optimal_time(n: int, k: int, model_bytes: float, bandwidth: float) -> float:
 # Answers may exceed their share of the link by this factor: a server can only answer a
 # part once every push of it arrived, so answers that fell behind must be able to catch up.
 # On the rack (n = 4, k = 2) answers paced at exactly their share took 4 points of the bound
-# more than at 1.5x; 1.2x-2x measured the same within noise (docs/benchmarks.md section 6).
+# more than at 1.5x; 1.2x-2x measured the same within noise (docs/performance.md section 6).
 ANSWER_HEADROOM = 1.5
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from ..control import placement
 from ..errors import FastPSError
 
-# TCP goodput on a shaped link, measured on the emulated rack (docs/benchmarks.md section 6).
+# TCP goodput on a shaped link, measured on the emulated rack (docs/performance.md section 6).
 RACK_GOODPUT = 0.956
 # One-way latency of a message on the emulated rack (veth pairs through a bridge, htb).
 RACK_LATENCY_S = 60e-6

@@ -8,7 +8,7 @@ norm and layer norm ~ a few FLOPs per element). A layer's share of the model's F
 its share of the per-iteration compute time; the backward pass is taken as twice the
 forward pass (gradients with respect to inputs and to weights), the usual estimate.
 
-Reference per-iteration times (docs/benchmarks.md, "GPU-profile training emulator"):
+Reference per-iteration times (docs/performance.md, "GPU-profile training emulator"):
 
 * ResNet-50 v1.5 on one V100 16 GB in FP32 trains 367 images/s (NVIDIA
   DeepLearningExamples, PyTorch ResNet50 v1.5 README, "Training performance: NVIDIA DGX-1

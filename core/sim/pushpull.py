@@ -27,7 +27,7 @@ from .cluster import HostGroup, Layout, group_pacing
 from .events import EventLoop
 from .network import Link, Network
 
-# Summation kernel, float32 AVX-512, GB/s over three streams (docs/benchmarks.md section 1).
+# Summation kernel, float32 AVX-512, GB/s over three streams (docs/performance.md section 1).
 KERNEL_GBPS = 22.5
 
 

@@ -272,6 +272,15 @@ class _Reduction:
             t.detach().copy_(out)
 
 
+def _check_like(tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str, other: str) -> None:
+    """Each of ``tensors`` holds as many elements of the same dtype as ``like``."""
+    for t in tensors:
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise ValueError(
+                f"fastps backend: {what} {_describe(t)} does not match {other} {_describe(like)}"
+            )
+
+
 def _bitwise(stack: np.ndarray, op: str) -> np.ndarray:
     fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
     return fn.reduce(stack, axis=0)
@@ -535,12 +544,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
         finishes = []
         for i, (out, ins) in enumerate(zip(outputs, inputs)):
             self._check_count(ins, "reduce_scatter input list")
-            for t in ins:
-                if t.numel() != out.numel() or t.dtype != out.dtype:
-                    raise ValueError(
-                        f"fastps backend: reduce_scatter: input {_describe(t)} does not match "
-                        f"the output {_describe(out)}"
-                    )
+            _check_like(ins, out, "reduce_scatter: input", "the output")
             rows = torch.stack([_contiguous_host(t).reshape(-1) for t in ins])
             if factor is not None:
                 rows.mul_(factor)  # PREMUL_SUM (rows is a copy)
@@ -623,12 +627,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
         finishes = []
         for i, (outs, t) in enumerate(zip(outputs, inputs)):
             self._check_count(outs, "all_gather output list")
-            for o in outs:
-                if o.numel() != t.numel() or o.dtype != t.dtype:
-                    raise ValueError(
-                        f"fastps backend: all_gather: output {_describe(o)} does not match the "
-                        f"input {_describe(t)}"
-                    )
+            _check_like(outs, t, "all_gather: output", "the input")
             cop = self._gather_rows(t, f"{name}.{i}" if len(inputs) > 1 else name)
 
             def finish_one(cop: C.Op = cop, outs: List[torch.Tensor] = outs) -> None:

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -23,17 +23,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(
-    script: Path,
-    *args: str,
-    nproc: int = 2,
-    env: Optional[Dict[str, str]] = None,
-    timeout: float = 240.0,
-    torchrun_args: Optional[List[str]] = None,
-) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node nproc script args`` on a fresh port of this machine;
-    returns the finished process (stdout and stderr together in ``.stdout``)."""
-    cmd = [
+def _command(
+    script: Path, args: Sequence[str], nproc: int, port: int, extra: Sequence[str]
+) -> List[str]:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -44,16 +37,34 @@ def torchrun(
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(free_port()),
-        *(torchrun_args or []),
+        str(port),
+        *extra,
         str(script),
         *args,
     ]
+
+
+def _env(env: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """The workers' environment: no fastpsrun job to join, one torch thread each."""
     run_env = dict(os.environ if env is None else env)
-    for var in [v for v in run_env if v.startswith("FASTPS_SCHEDULER_ADDR")]:
-        run_env.pop(var)
+    run_env.pop("FASTPS_SCHEDULER_ADDR", None)
     run_env.setdefault("PYTHONUNBUFFERED", "1")
     run_env.setdefault("OMP_NUM_THREADS", "1")
+    return run_env
+
+
+def torchrun(
+    script: Path,
+    *args: str,
+    nproc: int = 2,
+    env: Optional[Dict[str, str]] = None,
+    timeout: float = 240.0,
+    torchrun_args: Optional[List[str]] = None,
+) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc script args`` on a fresh port of this machine;
+    returns the finished process (stdout and stderr together in ``.stdout``)."""
+    cmd = _command(script, args, nproc, free_port(), torchrun_args or [])
+    run_env = _env(env)
     proc = subprocess.Popen(
         cmd,
         env=run_env,
@@ -98,26 +109,8 @@ def start_torchrun(
 ) -> subprocess.Popen:
     """:func:`torchrun` without waiting (:func:`kill_tree` ends what it started); stdout
     and stderr go to ``log``; the store listens on ``port`` (default: a free one)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port or free_port()),
-        str(script),
-        *args,
-    ]
-    run_env = dict(os.environ if env is None else env)
-    for var in [v for v in run_env if v.startswith("FASTPS_SCHEDULER_ADDR")]:
-        run_env.pop(var)
-    run_env.setdefault("PYTHONUNBUFFERED", "1")
-    run_env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = _command(script, args, nproc, port or free_port(), [])
+    run_env = _env(env)
     with open(log, "wb") as out:
         return subprocess.Popen(
             cmd,
