@@ -50,17 +50,22 @@ if [ -z "${FASTPS_VISION_PYTHON:-}" ] && { [ "${FASTPS_VISION:-0}" = 1 ] || [ -d
 fi
 
 echo "== core tests (integration, rack, tools) and PyTorch tests"
-$PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet "$@" ||
-  status=1
+$PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet \
+  --ignore=tests/ecosystem "$@" || status=1
 
-for fw in tensorflow mxnet; do
-  if [ -f "tests/envs/$fw.sh" ] && [ -d "tests/$fw" ]; then
-    echo "== $fw environment"
-    if fwpy=$(bash "tests/envs/$fw.sh" | tail -n 1) && [ -x "$fwpy" ]; then
-      echo "== $fw tests ($fwpy)"
-      "$fwpy" -m pytest -q "tests/$fw" -p no:cacheprovider "$@" || status=1
+# Each of these tiers runs in the environment its tests/envs/<name>.sh builds (that script
+# prints the environment's python last): the other frameworks, then the libraries and cluster
+# engines fastps plugs into (tests/ecosystem/<name>: Lightning, Hugging Face, Ray, Spark).
+for tier in tensorflow mxnet ecosystem/lightning ecosystem/huggingface ecosystem/ray \
+  ecosystem/spark; do
+  name=$(basename "$tier")
+  if [ -f "tests/envs/$name.sh" ] && [ -d "tests/$tier" ]; then
+    echo "== $name environment"
+    if tierpy=$(bash "tests/envs/$name.sh" | tail -n 1) && [ -x "$tierpy" ]; then
+      echo "== $name tests ($tierpy)"
+      "$tierpy" -m pytest -q "tests/$tier" -p no:cacheprovider "$@" || status=1
     else
-      echo "could not set up the $fw environment" >&2
+      echo "could not set up the $name environment" >&2
       status=1
     fi
   fi
