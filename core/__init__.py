@@ -10,10 +10,9 @@ from typing import Any
 
 from fastps import _moved
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError
+from fastps.version import __version__
 
 _moved.install()  # the flat layout's module names keep working (_moved.py)
-
-__version__ = "0.1.0"
 
 _API = {
     "init",
@@ -65,6 +64,7 @@ __all__ = [
     "push_pull",
     "push_pull_async",
     "rank",
+    "run",
     "shutdown",
     "size",
     "submission_batch",
@@ -79,6 +79,10 @@ def __getattr__(name: str) -> Any:
         from fastps.worker import api
 
         return getattr(api, name)
+    if name == "run":  # fastps.run(fn, np=...): Horovod's horovod.run
+        from fastps.launch.run_function import run
+
+        return run
     if name in _COMPRESSION:
         from fastps.worker import compression
 

@@ -1,4 +1,5 @@
-"""``python -m fastps``: runs the role named by FASTPS_ROLE (scheduler or server).
+"""``python -m fastps``: runs the role named by FASTPS_ROLE (scheduler or server);
+``python -m fastps --check-build`` shows what this installation can do.
 
 Lets external launchers (SLURM, Kubernetes, mpirun, network-namespace harnesses) start every
 non-worker process with one command line and the documented environment variables. Workers
@@ -14,6 +15,10 @@ from fastps.errors import ConfigError
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--check-build"]:
+        from fastps.launch.check_build import main as check_build
+
+        sys.exit(check_build())
     try:
         role = stated_role()
     except ConfigError as exc:  # neither scheduler nor server, nor worker

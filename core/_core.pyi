@@ -4,7 +4,7 @@ Buffers cross as raw addresses (int): the caller keeps the memory alive and cont
 until the operation that uses it has completed.
 """
 
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from .errors import FastPSAbort, FastPSError, FastPSTimeoutError
 
@@ -17,6 +17,7 @@ class CoreTimeoutError(FastPSTimeoutError):
 class CoreAbort(FastPSAbort):
     """The core gave up on the job: a peer died or disagreed, or a node asked to abort."""
 
+def build_info() -> Dict[str, Any]: ...
 def simd_level() -> str: ...
 def set_simd_level(level: str) -> bool: ...
 def dtype_size(dtype: str) -> int: ...

@@ -597,6 +597,29 @@ def cpu_servers(env: Optional[Mapping[str, str]] = None) -> int:
     return value
 
 
+def stated_log_level(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """FASTPS_LOG_LEVEL as given (upper case), or None when unset."""
+    raw = _read(env).raw("FASTPS_LOG_LEVEL")
+    return raw.upper() if raw is not None else None
+
+
+def run_function_channel(env: Optional[Mapping[str, str]] = None) -> Tuple[str, int, str, int]:
+    """For a worker of ``fastps.run()``: FASTPS_RUN_ADDR (the caller's result store,
+    host:port), FASTPS_RUN_SECRET (the key its messages are signed with) and the rank
+    (FASTPS_RANK)."""
+    e = _read(env)
+    addr = e.raw("FASTPS_RUN_ADDR")
+    secret = e.raw("FASTPS_RUN_SECRET")
+    if addr is None or secret is None:
+        raise ConfigError(
+            "FASTPS_RUN_ADDR and FASTPS_RUN_SECRET are not set: this program is started by "
+            "fastps.run(), not by hand"
+        )
+    host, port = parse_addr(addr, "FASTPS_RUN_ADDR")
+    rank, _ = e.integer(("FASTPS_RANK",), 0, minimum=0)
+    return host, port, secret, rank
+
+
 def parent_pid(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """FASTPS_PARENT_PID: the process whose death ends this server (set for the servers a
     worker starts itself), or None."""

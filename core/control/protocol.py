@@ -57,6 +57,11 @@ class _Busy(FastPSError):
     """The scheduler turned this connection away for load; connecting again may work."""
 
 
+class EndedBeforeMembership(FastPSError):
+    """The scheduler shut the job down before every node had registered: its workers all
+    finished without joining (``fastpsrun -np 2 hostname``), so a server has nothing to do."""
+
+
 class FrameError(FastPSError):
     """A frame violated the wire format (too big, not UTF-8 JSON, not an object, no type)."""
 
@@ -397,13 +402,19 @@ class ControlClient:
                     self._membership is not None
                     or self._error is not None
                     or self._abort_reason is not None
+                    or self._shutdown
                     or self._closed
                 ),
                 timeout=wait,
             )
             membership, error, reason = self._membership, self._error, self._abort_reason
+            ended = self._shutdown
         if membership is not None:
             return membership
+        if ended and error is None and reason is None:
+            raise EndedBeforeMembership(
+                f"the job ended before every node registered ({role} {node_id} had nothing to do)"
+            )
         if error is not None:
             self.close()
             raise FastPSError(f"scheduler refused registration of {role} {node_id}: {error}")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 from fastps.config import Config, format_addr, parent_pid
 from fastps.control import placement
 from fastps.control.linkspeed import link_mbit_for
-from fastps.control.protocol import ControlClient
+from fastps.control.protocol import ControlClient, EndedBeforeMembership
 from fastps.errors import FastPSError
 from fastps.timeline import recorder as timeline_recorder
 
@@ -154,6 +154,9 @@ def run_server(
             rec.set_clock(client.clock_offset())
             rec.link_mbit = link
         code = _serve(srv, client, wake, state, me, cfg.launcher)
+    except EndedBeforeMembership as exc:
+        log.info("%s: %s", me, exc)
+        code = 0
     except _Terminated as exc:
         code = 128 + exc.signum
         log.warning("%s: terminated by %s", me, signal.Signals(exc.signum).name)

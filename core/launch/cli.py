@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, Optional, Sequence
 
 import click
-from fastps.config import parse_size
+from fastps.config import parse_size, stated_log_level
 from fastps.errors import FastPSError
 from fastps.launch.cluster_cli import cluster_launcher_from_cli, multihost_options
+from fastps.launch.config_file import load_config_file
 from fastps.launch.elastic_cli import elastic_launcher_from_cli, elastic_options, pop_elastic
 from fastps.launch.job import Launcher, PrefixHandler, describe_exit, say
 
@@ -31,12 +33,45 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
     return size
 
 
+def _check_build(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from fastps.launch.check_build import main as check_build
+
+    ctx.exit(check_build())
+
+
+def _apply_settings(config_file: Optional[str], log_level: Optional[str], verbose: bool) -> None:
+    """Puts the config file's settings, then the logging flags, into the environment every
+    process of the job inherits (so the flags win over the file, the file over what was
+    there)."""
+    if config_file is not None:
+        settings, ignored = load_config_file(config_file)
+        for note in ignored:
+            say(f"{config_file}: {note}")
+        os.environ.update(settings)
+    if log_level is not None:
+        os.environ["FASTPS_LOG_LEVEL"] = log_level.upper()
+    elif verbose:
+        # At least INFO: a DEBUG already asked for stays.
+        os.environ["FASTPS_LOG_LEVEL"] = "DEBUG" if stated_log_level() == "DEBUG" else "INFO"
+
+
 @click.command(
     context_settings={
         "ignore_unknown_options": True,
         "allow_interspersed_args": False,
         "help_option_names": ["-h", "--help"],
     }
+)
+@click.option(
+    "--check-build",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_check_build,
+    help="Show what this installation can do (core build, frameworks and their fastps "
+    "plugins, GPUs, launch tools) and exit.",
 )
 @click.option(
     "-np",
@@ -93,6 +128,35 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) ->
     help="Show a status line (iterations/s, gradient GB/s, per-host link use, slowest rank) "
     "under the processes' output (needs rich).",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    default=None,
+    help="Log level of every process of the job, fastpsrun's own included (sets "
+    "FASTPS_LOG_LEVEL) [default: FASTPS_LOG_LEVEL or WARNING].",
+)
+@click.option(
+    "--verbose",
+    is_flag=True,
+    default=False,
+    help="Name every process as it starts (pid, command) and log at INFO unless --log-level "
+    "says otherwise.",
+)
+@click.option(
+    "--output-filename",
+    "output_dir",
+    default=None,
+    metavar="DIR",
+    help="Also write each process's stdout and stderr, unprefixed, to DIR/rank.<i>/ "
+    "(workers) and DIR/server.<i>/ (servers).",
+)
+@click.option(
+    "--config-file",
+    default=None,
+    metavar="FILE",
+    help="Settings for every process from a YAML file (Horovod's keys, and a 'fastps:' "
+    "section); it wins over the environment, the flags win over it.",
+)
 @multihost_options
 @elastic_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
@@ -106,11 +170,20 @@ def cli(
     host_addr: str,
     timeline: Optional[str],
     progress: bool,
+    log_level: Optional[str],
+    verbose: bool,
+    output_dir: Optional[str],
+    config_file: Optional[str],
     command: Sequence[str],
     **multihost: Any,
 ) -> None:
     """Run CMD as N workers of a fastps job on this machine, or on the machines of -H,
     --hostfile or the SLURM allocation (docs/guide/multi-node.md)."""
+    try:
+        _apply_settings(config_file, log_level, verbose)
+    except FastPSError as exc:
+        say(str(exc))
+        sys.exit(2)
     logger = logging.getLogger("fastps")
     if not logger.handlers:
         handler = PrefixHandler("[scheduler] ")
@@ -160,6 +233,7 @@ def cli(
                 progress=progress,
             )
         logger.setLevel(launcher.config.log_level)
+        launcher.set_output(output_dir, verbose)
     except FastPSError as exc:
         say(str(exc))
         sys.exit(2)

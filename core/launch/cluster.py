@@ -19,13 +19,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from fastps import __version__
 from fastps.config import default_advertised_host
 from fastps.config import network_interface as stated_interface
 from fastps.control.netif import interface_address
 from fastps.launch.hosts import Placement, host_label, is_local_host
-from fastps.launch.job import KILL_GRACE, Child, Launcher, pump, say, stderr_bytes, stdout_bytes
+from fastps.launch.job import KILL_GRACE, Child, Launcher, say
 from fastps.launch.remote import Transport, forwarded_env, preflight, start_agent, sweep
+from fastps.version import __version__
 
 __all__ = ["ClusterLauncher"]
 
@@ -146,17 +146,7 @@ class ClusterLauncher(Launcher):
                 start_new_session=True,
             )
         child = _HostChild(role, index, proc, host=host_label(host), remote=remote)
-        prefix = f"[{child.label}] ".encode()
-        for stream, sink in ((proc.stdout, stdout_bytes()), (proc.stderr, stderr_bytes())):
-            assert stream is not None
-            t = threading.Thread(
-                target=pump,
-                args=(stream, prefix, sink),
-                name=f"fastpsrun-{role}{index}",
-                daemon=True,
-            )
-            t.start()
-            child.readers.append(t)
+        self._forward_output(child)
         self.children.append(child)
         return child
 

@@ -115,14 +115,21 @@ def _exit_status(returncode: int) -> int:
     return returncode or 1
 
 
-def pump(stream: IO[bytes], prefix: bytes, sink: BinaryIO) -> None:
-    """Copies ``stream`` to ``sink`` putting ``prefix`` at the start of every line."""
+def pump(stream: IO[bytes], prefix: bytes, sink: BinaryIO, copy: Optional[BinaryIO] = None) -> None:
+    """Copies ``stream`` to ``sink`` putting ``prefix`` at the start of every line, and, if
+    given, unprefixed to ``copy`` (``--output-filename``), which it closes at the end."""
     at_line_start = True
     try:
         while True:
             chunk = stream.readline(LINE_LIMIT)
             if not chunk:
                 break
+            if copy is not None:
+                try:
+                    copy.write(chunk)
+                    copy.flush()  # a hung job's files must show its last lines
+                except (OSError, ValueError):
+                    copy = None  # a full disk must not stop the console stream
             if not chunk.endswith(b"\n") and len(chunk) < LINE_LIMIT:
                 chunk += b"\n"  # the last line, unterminated: finish it in the same write
             data = (prefix + chunk) if at_line_start else chunk
@@ -133,10 +140,12 @@ def pump(stream: IO[bytes], prefix: bytes, sink: BinaryIO) -> None:
     except (OSError, ValueError):
         pass
     finally:
-        try:
-            stream.close()
-        except OSError:
-            pass
+        for f in (stream, copy):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
 
 
 @dataclass
@@ -247,6 +256,8 @@ class Launcher:
         self._signal: Optional[int] = None
         self._force = threading.Event()
         self._server_env_path: Optional[str] = None
+        self.output_dir: Optional[str] = None
+        self.verbose = False
 
     # --------------------------------------------------------------- signals
     def _signalled(self) -> bool:
@@ -310,19 +321,55 @@ class Launcher:
             start_new_session=True,  # own process group: we signal the whole group
         )
         child = Child(role, index, proc)
-        prefix = f"[{role} {index}] ".encode()
-        for stream, sink in ((proc.stdout, stdout_bytes()), (proc.stderr, stderr_bytes())):
+        self._forward_output(child)
+        self.children.append(child)
+        return child
+
+    def set_output(self, output_dir: Optional[str] = None, verbose: bool = False) -> None:
+        """``--output-filename DIR``: each process's stdout and stderr also go, unprefixed,
+        to ``DIR/rank.<i>/`` (workers; Horovod's layout) or ``DIR/server.<i>/``.
+        ``--verbose``: name every process as it starts."""
+        self.output_dir = os.path.abspath(output_dir) if output_dir else None
+        self.verbose = verbose
+        if self.output_dir is not None:
+            try:
+                os.makedirs(self.output_dir, exist_ok=True)
+            except OSError as exc:
+                raise FastPSError(f"--output-filename {output_dir}: {exc.strerror}") from None
+
+    def _output_copies(self, child: Child) -> List[Optional[BinaryIO]]:
+        if self.output_dir is None:
+            return [None, None]
+        folder = "rank" if child.role == "worker" else child.role
+        where = os.path.join(self.output_dir, f"{folder}.{child.index}")
+        os.makedirs(where, exist_ok=True)
+        return [open(os.path.join(where, name), "wb") for name in ("stdout", "stderr")]
+
+    def _forward_output(self, child: Child) -> None:
+        """Starts the threads that prefix ``child``'s lines onto fastpsrun's own streams."""
+        proc = child.proc
+        if self.verbose:
+            args = proc.args
+            text = (
+                str(args)
+                if isinstance(args, (str, bytes, os.PathLike))
+                else " ".join(map(str, args))
+            )
+            say(f"started {child.label} (pid {child.pid}): {text}")
+        prefix = f"[{child.label}] ".encode()
+        copies = self._output_copies(child)
+        for stream, sink, copy in zip(
+            (proc.stdout, proc.stderr), (stdout_bytes(), stderr_bytes()), copies
+        ):
             assert stream is not None
             t = threading.Thread(
                 target=pump,
-                args=(stream, prefix, sink),
-                name=f"fastpsrun-{role}{index}",
+                args=(stream, prefix, sink, copy),
+                name=f"fastpsrun-{child.role}{child.index}",
                 daemon=True,
             )
             t.start()
             child.readers.append(t)
-        self.children.append(child)
-        return child
 
     def _start(self) -> None:
         scheduler = Scheduler(

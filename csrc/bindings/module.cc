@@ -23,6 +23,10 @@
 namespace py = pybind11;
 using namespace fastps;
 
+namespace fastps {
+void bind_build_info(py::module_& m);  // bindings/build_info.cc
+}
+
 namespace {
 void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
@@ -109,6 +113,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "fastps C++ core: summation server, worker pipeline, kernels";
   bind_errors(m);
   bind_options(m);
+  bind_build_info(m);
 
   m.def("simd_level", [] { return std::string(simd_level()); });
   m.def("set_simd_level", [](const std::string& l) { return set_simd_level(l.c_str()); });

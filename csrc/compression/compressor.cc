@@ -10,8 +10,6 @@
 
 namespace fastps {
 
-namespace {
-
 const char* codec_name(Codec c) {
   switch (c) {
     case Codec::kNone:
@@ -32,6 +30,8 @@ const char* codec_name(Codec c) {
       return "?";
   }
 }
+
+namespace {
 
 bool takes_param(Codec c) {
   return c == Codec::kTopK || c == Codec::kRandomK || c == Codec::kDithering;

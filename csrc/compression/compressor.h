@@ -22,6 +22,9 @@ enum class Codec : uint8_t {
   kCount = 7,
 };
 
+// "fp16", "topk", ...: the name a codec has in CompressionSpec's text form ("?" if unknown).
+const char* codec_name(Codec c);
+
 // How one tensor is compressed. param: k for top-k/random-k (a fraction of the part's
 // elements when < 1, else a count), the number of levels for dithering; unused otherwise.
 // momentum: top-k's momentum correction (Lin et al. 2018, "Deep Gradient Compression"),

@@ -754,6 +754,21 @@ void scale(void* dst, size_t count, DType dt, double factor) {
 
 const char* simd_level() { return kernels().name; }
 
+std::vector<std::string> simd_levels_built() {
+#if FASTPS_X86
+  return {"scalar", "avx2", "avx512"};
+#else
+  return {"scalar"};
+#endif
+}
+
+std::vector<std::string> simd_levels_supported() {
+  std::vector<std::string> out;
+  for (const std::string& level : simd_levels_built())
+    if (find_set(level) != nullptr) out.push_back(level);
+  return out;
+}
+
 bool set_simd_level(const char* level) {
   if (level == nullptr) return false;
   const KernelSet* s = find_set(level);

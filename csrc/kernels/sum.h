@@ -2,6 +2,8 @@
 // build: the SIMD variant (AVX-512, AVX2, scalar) is chosen once at run time.
 #pragma once
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "common/dtype.h"
 
@@ -19,6 +21,10 @@ void scale(void* dst, size_t count, DType dt, double factor);
 
 // "avx512", "avx2" or "scalar": the variant in use.
 const char* simd_level();
+
+// The variants this build holds, and those of them this CPU can run, best last.
+std::vector<std::string> simd_levels_built();
+std::vector<std::string> simd_levels_supported();
 
 // Forces a variant for tests and benchmarks ("avx512", "avx2", "scalar").
 // Returns false (and changes nothing) if the CPU lacks it.

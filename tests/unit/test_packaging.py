@@ -31,3 +31,10 @@ def test_the_plot_extra_brings_matplotlib() -> None:
     extras = PROJECT["optional-dependencies"]
     assert "matplotlib" in _names(extras["plot"]), extras.get("plot")
     assert "matplotlib" not in _names(PROJECT["dependencies"])  # optional: --plot only
+
+
+def test_config_files_and_fastps_run_need_nothing_beyond_the_plain_install() -> None:
+    """``fastpsrun --config-file`` reads YAML; ``fastps.run()`` sends functions from
+    ``__main__`` by value."""
+    base = _names(PROJECT["dependencies"])
+    assert {"pyyaml", "cloudpickle"} <= set(base), PROJECT["dependencies"]

@@ -100,7 +100,7 @@ def _run_elastic(args: argparse.Namespace) -> None:
         cmd = fastpsrun_command(args, script)
         env = dict(os.environ)
         env["FASTPS_ELASTIC_DISCOVERY_INTERVAL"] = str(driver.DISCOVER_HOSTS_FREQUENCY_SECS)
-        rc, stderr = _run(cmd, env)
+        rc, stderr = _run_fastpsrun(cmd, env)
     if rc == 0:
         return
     if "--reset-limit" in stderr and "resets exceeded" in stderr:
@@ -112,7 +112,7 @@ def _run_elastic(args: argparse.Namespace) -> None:
     )
 
 
-def _run(cmd: List[str], env: Any) -> tuple[int, str]:
+def _run_fastpsrun(cmd: List[str], env: Any) -> tuple[int, str]:
     """Runs fastpsrun (bounded), echoing its stderr while keeping a copy."""
     print("fastpsrun:", " ".join(shlex.quote(c) for c in cmd), flush=True)
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -139,3 +139,17 @@ def _run(cmd: List[str], env: Any) -> tuple[int, str]:
         raise RuntimeError(f"fastpsrun ran longer than {RUN_TIMEOUT:g} s: {cmd}") from None
     reader.join(timeout=5)
     return rc, "".join(lines)
+
+
+def _run(args: Any) -> None:
+    """horovodrun's entry with parsed arguments (``horovod.runner._HorovodArgs``): elastic
+    when a minimum or a discovery script is given, as horovodrun decides."""
+    if args.min_num_proc is not None or args.host_discovery_script:
+        _run_elastic(args)
+        return
+    cmd = [sys.executable, "-m", "fastps.launcher", "-np", str(args.num_proc)]
+    if args.hosts:
+        cmd += ["-H", args.hosts]
+    rc, stderr = _run_fastpsrun(cmd + list(args.command), dict(os.environ))
+    if rc != 0:
+        raise RuntimeError(f"fastpsrun exit {rc}: {stderr.strip()[-300:]}")

@@ -1,0 +1,4 @@
+"""The package's version, in a module of its own so that any module can read it without
+importing the package's ``__init__`` (keep in step with pyproject.toml)."""
+
+__version__ = "0.1.0"
