@@ -126,6 +126,25 @@ def _register_backend() -> None:
 
 _register_backend()
 
+
+def _register_lightning() -> None:
+    """Trainer(strategy="fastps") resolves when lightning was imported before fastps.torch
+    (importing it here would cost seconds); otherwise `import fastps.torch.lightning` does
+    it. Never breaks `import fastps.torch`."""
+    import sys
+
+    if "lightning.pytorch" not in sys.modules:
+        return
+    try:
+        import fastps.torch.lightning  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken lightning must not break fastps
+        import warnings
+
+        warnings.warn(f"fastps: the Lightning strategy was not registered: {exc}", stacklevel=2)
+
+
+_register_lightning()
+
 __all__ = [
     "ddp_comm_hook",
     "init",

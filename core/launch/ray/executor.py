@@ -1,0 +1,335 @@
+"""``RayExecutor``: Horovod's Ray API over a fastps job whose every process is a Ray actor.
+
+``start()`` reserves the workers' resources (a placement group), starts the worker actors,
+one server actor per node that has workers and the scheduler actor (both zero-CPU, in the
+workers' placement group), then a job: the scheduler's address, the job's id and token and
+each worker's rank go into the workers' environment, so ``hvd.init()`` in the functions
+``run``/``execute`` ship joins it. The job lasts as long as its workers stay in it; when it
+ended (every worker left with ``hvd.shutdown()``, or none joined within ``timeout_s``) the
+next call starts a new one on the same actors. ``shutdown()`` ends every actor; so does Ray
+when the driver exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from fastps.errors import FastPSError
+from fastps.launch.ray.actors import SchedulerActor, ServerActor, WorkerActor
+from fastps.launch.ray.placement import (
+    order_by_node,
+    server_bundles,
+    worker_layout,
+)
+from fastps.launch.ray.settings import RaySettings, create_settings
+
+__all__ = ["RayExecutor", "failed_rank_error", "gather_in_order"]
+
+log = logging.getLogger("fastps.ray")
+
+WAIT_SLICE = 1.0  # s per ray.wait while gathering results: Ctrl-C stays responsive
+STOP_WAIT = 10.0  # s shutdown() gives the servers and the scheduler to stop cleanly
+
+
+def forwarded_env(extra: Optional[Mapping[str, Any]] = None) -> Dict[str, str]:
+    """The driver's FASTPS_* settings (actors do not inherit the driver's environment),
+    plus the caller's extra variables."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("FASTPS_")}
+    env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def failed_rank_error(rank: int, exc: BaseException) -> FastPSError:
+    """The error a run raises when worker ``rank`` failed (its error chained)."""
+    cause = getattr(exc, "cause", None) or exc
+    import ray
+
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return FastPSError(f"rank {rank}: its worker actor died ({exc})")
+    return FastPSError(f"rank {rank} failed: {type(cause).__name__}: {cause}")
+
+
+def gather_in_order(refs: Sequence[Any], timeout: Optional[float] = None) -> List[Any]:
+    """Every rank's result, in rank order; the first rank that fails fails the call (its
+    error names it). ``timeout``: seconds for all of them (None: as long as they run)."""
+    import time
+
+    import ray
+
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        slice_s = WAIT_SLICE
+        if deadline is not None:
+            slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=slice_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - any error of the user's function
+                raise failed_rank_error(index[ref], exc) from exc
+        if pending and deadline is not None and time.monotonic() >= deadline:
+            ranks = sorted(index[r] for r in pending)
+            raise TimeoutError(f"ranks {ranks} did not finish within {timeout:g} s")
+    return list(ray.get(list(refs)))
+
+
+class RayExecutor:
+    """Horovod's ``horovod.ray.RayExecutor``, running fastps.
+
+    ``settings``: from :meth:`create_settings`. Workers: ``num_workers``, or ``num_hosts``
+    nodes with ``num_workers_per_host`` each; ``cpus_per_worker``, ``use_gpu`` /
+    ``gpus_per_worker`` (default 1 with ``use_gpu``) are each worker's resources.
+    ``min_workers`` (Horovod's elastic form, with ``max_workers``, ``reset_limit``,
+    ``elastic_timeout``, ``cooldown_range``) is refused with a clear error for now.
+    ``use_current_placement_group`` and ``override_discovery`` are accepted for Horovod's
+    signature; the executor always reserves its own placement group.
+    """
+
+    create_settings = staticmethod(create_settings)
+
+    def __init__(
+        self,
+        settings: Optional[RaySettings] = None,
+        num_workers: Optional[int] = None,
+        num_hosts: Optional[int] = None,
+        num_workers_per_host: int = 1,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: Optional[float] = None,
+        use_current_placement_group: bool = True,
+        min_workers: Optional[int] = None,
+        max_workers: Optional[int] = None,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Sequence[float]] = None,
+        elastic_timeout: float = 600,
+        override_discovery: bool = True,
+    ) -> None:
+        self.settings = settings if settings is not None else create_settings()
+        if max_workers is not None and (min_workers is None or min_workers <= 0):
+            raise FastPSError(
+                f"RayExecutor: max_workers={max_workers} needs a positive min_workers "
+                "(the elastic form)"
+            )
+        if min_workers is not None and num_workers is not None:
+            raise FastPSError(
+                f"RayExecutor: num_workers={num_workers} (fixed) and min_workers="
+                f"{min_workers} (elastic) exclude each other"
+            )
+        if min_workers is not None:
+            # Not built yet: refusing beats running a fixed-size job the caller did not ask for.
+            raise FastPSError(
+                f"RayExecutor(min_workers={min_workers}): the elastic form is not available "
+                "in this fastps version; use num_workers, or Ray Train's TorchTrainer with "
+                "FailureConfig(max_failures=...) to recover from lost workers"
+            )
+        gpus = float(gpus_per_worker if gpus_per_worker is not None else (1 if use_gpu else 0))
+        self.layout = worker_layout(
+            num_workers,
+            num_hosts,
+            num_workers_per_host if num_hosts is not None else None,
+            float(cpus_per_worker),
+            gpus,
+        )
+        self.cpus_per_worker = float(cpus_per_worker)
+        self.gpus_per_worker = gpus
+        self._pg: Any = None
+        self.workers: List[Any] = []  # worker actors in rank order
+        self._servers: List[Any] = []
+        self._scheduler: Any = None
+        self._env: Dict[str, str] = {}
+        self._placements: List[Dict[str, str]] = []
+        self._job: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ start
+    def start(
+        self,
+        executable_cls: Optional[type] = None,
+        executable_args: Optional[Sequence[Any]] = None,
+        executable_kwargs: Optional[Mapping[str, Any]] = None,
+        extra_env_vars: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        """Starts the actors and the job; ``executable_cls(*args, **kwargs)`` is then
+        created in every worker (with the job's environment set: it may call hvd.init())."""
+        import ray
+
+        if not ray.is_initialized():
+            raise FastPSError("RayExecutor.start(): call ray.init() first (connect to a cluster)")
+        self._env = forwarded_env(extra_env_vars)
+        if self.settings.nics:
+            self._env.setdefault("FASTPS_IFACE", sorted(self.settings.nics)[0])
+        try:
+            self._start_actors()
+            self._new_job()
+            refs = [
+                w.start_executable.remote(executable_cls, executable_args, executable_kwargs)
+                for w in self.workers
+            ]
+            gather_in_order(refs, self.settings.timeout_s * 4)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_actors(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        assert self.layout is not None
+        layout = self.layout
+        pg = placement_group(layout.bundles, strategy=layout.strategy)
+        self._pg = pg
+        ready, _ = ray.wait([pg.ready()], timeout=self.settings.placement_group_timeout_s)
+        if not ready:
+            remove_placement_group(pg)
+            self._pg = None
+            raise TimeoutError(
+                f"RayExecutor: the cluster did not grant {layout.num_workers} workers "
+                f"({layout.strategy} bundles {layout.bundles}) within "
+                f"{self.settings.placement_group_timeout_s:g} s (placement_group_timeout_s); "
+                f"available now: {ray.available_resources()}"
+            )
+
+        def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index
+            )
+
+        worker_cls = ray.remote(WorkerActor)
+        created = [
+            worker_cls.options(
+                num_cpus=self.cpus_per_worker,
+                num_gpus=self.gpus_per_worker,
+                scheduling_strategy=in_bundle(b),
+            ).remote(self._env)
+            for b in layout.bundle_of_worker
+        ]
+        self.workers = created
+        where = ray.get([w.placement.remote() for w in created], timeout=self.settings.timeout_s)
+        order = order_by_node([p["node_id"] for p in where])
+        self.workers = [created[i] for i in order]
+        self._placements = [where[i] for i in order]
+        bundle_of_rank = [layout.bundle_of_worker[i] for i in order]
+        nodes = [p["node_id"] for p in self._placements]
+        server_cls = ray.remote(ServerActor)
+        self._servers = [
+            server_cls.options(num_cpus=0, scheduling_strategy=in_bundle(b)).remote(self._env)
+            for b in server_bundles(nodes, bundle_of_rank)
+        ]
+        self._scheduler = (
+            ray.remote(SchedulerActor)
+            .options(num_cpus=0, scheduling_strategy=in_bundle(bundle_of_rank[0]))
+            .remote(self._env)
+        )
+
+    def _new_job(self) -> None:
+        """A new fastps job on the actors: scheduler, servers, the workers' environment."""
+        import ray
+
+        timeout = self.settings.timeout_s
+        n, k = len(self.workers), len(self._servers)
+        job = ray.get(self._scheduler.start_job.remote(n, k, timeout), timeout=timeout)
+        job_env = {
+            "FASTPS_SCHEDULER_ADDR": job["scheduler"],
+            "FASTPS_JOB_ID": job["job_id"],
+            "FASTPS_TOKEN": job["token"],
+            "FASTPS_NUM_WORKERS": str(n),
+            "FASTPS_NUM_SERVERS": str(k),
+            "FASTPS_TIMEOUT": f"{timeout:g}",
+        }
+        ray.get([s.start.remote(i, job_env) for i, s in enumerate(self._servers)], timeout=timeout)
+        refs = []
+        for rank, w in enumerate(self.workers):
+            env = dict(job_env, FASTPS_ROLE="worker", FASTPS_RANK=str(rank))
+            env["FASTPS_HOST"] = self._placements[rank]["ip"]
+            refs.append(w.update_env_vars.remote(env))
+        ray.get(refs, timeout=timeout)
+        self._job = job
+        log.info("fastps job %s on Ray: %d workers, %d servers", job["job_id"], n, k)
+
+    def _ensure_job(self) -> None:
+        """A job the workers can join: the current one while it runs, else a new one (only
+        when no worker is still in the old one)."""
+        import ray
+
+        if not self.workers:
+            raise FastPSError("RayExecutor: call start() first")
+        timeout = self.settings.timeout_s
+        ended = ray.get(self._scheduler.finished.remote(), timeout=timeout)
+        if ended is None:
+            return
+        inside = ray.get([w.initialized.remote() for w in self.workers], timeout=timeout)
+        if any(inside):
+            if ended:
+                log.warning("fastps job %s ended: %s", self._job.get("job_id"), ended)
+            return
+        self._new_job()
+
+    # ------------------------------------------------------------------- calls
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Optional[Sequence[Any]] = None,
+        kwargs: Optional[Mapping[str, Any]] = None,
+        callbacks: Optional[Sequence[Callable[[Any], Any]]] = None,
+    ) -> List[Any]:
+        """``fn(*args, **kwargs)`` on every worker; the results in rank order."""
+        return gather_in_order(self.run_remote(fn, args, kwargs))
+
+    def run_remote(
+        self,
+        fn: Callable[..., Any],
+        args: Optional[Sequence[Any]] = None,
+        kwargs: Optional[Mapping[str, Any]] = None,
+    ) -> List[Any]:
+        """Like :meth:`run`, without waiting: one ``ray.ObjectRef`` per rank, in rank order."""
+        self._ensure_job()
+        return [w.run.remote(fn, args, kwargs) for w in self.workers]
+
+    def execute(
+        self,
+        fn: Callable[[Any], Any],
+        callbacks: Optional[Sequence[Callable[[Any], Any]]] = None,
+    ) -> List[Any]:
+        """``fn(executable)`` on every worker (the object ``start(executable_cls=...)``
+        created there, else None); the results in rank order."""
+        self._ensure_job()
+        return gather_in_order([w.execute.remote(fn) for w in self.workers])
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(executable)`` on rank 0 only; its result."""
+        self._ensure_job()
+        return gather_in_order([self.workers[0].execute.remote(fn)])[0]
+
+    # ---------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Ends every actor of the job and frees the placement group (idempotent)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        # Workers leave first, so the job ends normally and the servers exit on their own.
+        leaves = [w.leave.remote() for w in self.workers]
+        if leaves:
+            ray.wait(leaves, num_returns=len(leaves), timeout=STOP_WAIT)
+        stops = [s.stop.remote(STOP_WAIT / 2) for s in self._servers]
+        if self._scheduler is not None:
+            stops.append(self._scheduler.stop.remote())
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT)
+        for actor in [*self.workers, *self._servers, self._scheduler]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.workers, self._servers, self._scheduler = [], [], None
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
