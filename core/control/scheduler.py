@@ -203,6 +203,10 @@ class Scheduler:
         # Called (on the scheduler's thread) with the reason when the job aborts; a launcher
         # sets it to report the root cause itself, first and once.
         self.on_abort: Optional[Callable[[str], object]] = None
+        # Called (on the scheduler's thread, just before the abort it causes) with the role,
+        # id and reason when a node's death aborts the job (closed connection, heartbeat
+        # timeout): the elastic driver's verdict that the process is gone, hung or not.
+        self.on_node_lost: Optional[Callable[[str, int, str], object]] = None
 
     # ------------------------------------------------------------ public API
     @property
@@ -520,6 +524,13 @@ class Scheduler:
             self._left.add(key)
             log.info("%s left", conn.label)
             return
+        hook = self.on_node_lost
+        # Only the loss that aborts the job: after the abort the others leave without a bye.
+        if hook is not None and self.abort_reason is None:
+            try:
+                hook(conn.role, conn.node_id, death_reason)
+            except Exception:
+                log.exception("on_node_lost hook failed")
         self._abort(death_reason)
 
     def _check_timers(self, now: float) -> None:

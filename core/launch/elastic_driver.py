@@ -199,6 +199,11 @@ class ElasticLauncher(Launcher):
         self._service_addr = ""
         self._refused_hosts: Set[str] = set()
         self._discovery_error: Optional[str] = None
+        # The schedulers' verdicts (generation, rank, reason) on workers they lost, queued by
+        # the scheduler thread and acted on by the monitor loop (which holds self.cond and
+        # may stop that very scheduler: the hook must not take the lock).
+        self._verdicts: List[Tuple[int, int, str]] = []
+        self._verdict_lock = threading.Lock()
 
     # ------------------------------------------------------------ environment
     def _child_env(self, role: str, index: int, sched_addr: str) -> Dict[str, str]:
@@ -242,17 +247,31 @@ class ElasticLauncher(Launcher):
             "HOROVOD_ELASTIC": "1",
             "HOROVOD_HOSTNAME": host,
         }
-        drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
-        child = self._spawn_with("worker", seq, self.command, "", extra, drop)
+        child = self._launch_worker(seq, slot_id, host, extra)
         # A spare is never a host update: it joins only in a failed worker's place.
         announce = announce and not spare
         self.slots[slot_id] = _Slot(slot_id, host, seq, child, announced=announce, spare=spare)
         if announce:
             self._host_update(added=True)
         kind = "spare worker" if spare else "worker"
-        say(f"{kind} {seq} started on slot {slot_id} (pid {child.pid})")
+        say(f"{kind} {seq} started on slot {slot_id} ({self._worker_label(child)})")
 
     _next_seq = 0
+
+    # The three places a worker is more than a local process. fastps.launch.ray.elastic
+    # overrides them to run the same driver with Ray actors as its workers; here they keep
+    # what this class always did (a process group on this machine).
+    def _launch_worker(self, seq: int, slot_id: str, host: str, extra: Dict[str, str]) -> Child:
+        """Starts worker ``seq`` on ``slot_id`` with the rendezvous variables ``extra``."""
+        drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
+        return self._spawn_with("worker", seq, self.command, "", extra, drop)
+
+    def _signal_worker(self, slot: _Slot, sig: int) -> None:
+        """Sends ``sig`` to the worker of ``slot`` (SIGTERM: stop it)."""
+        signal_group(slot.child.pid, sig)
+
+    def _worker_label(self, child: Child) -> str:
+        return f"pid {child.pid}"
 
     def _host_update(self, added: bool) -> None:
         """A worker was added or removed: a new host epoch (commits and watchers see it)."""
@@ -276,7 +295,7 @@ class ElasticLauncher(Launcher):
             if other.state == "running" and other.host == slot.host:
                 other.state = "stopping"
                 say(f"stopping the worker on slot {other.id}: its host is blacklisted")
-                signal_group(other.child.pid, signal.SIGTERM)
+                self._signal_worker(other, signal.SIGTERM)
 
     # ------------------------------------------------------------ running
     def _start(self) -> None:
@@ -297,6 +316,7 @@ class ElasticLauncher(Launcher):
                 hosts = self._discover()
                 next_discovery = time.monotonic() + self.discovery_interval
             with self.cond:
+                self._act_on_verdicts(now)
                 self._reap(now)
                 if hosts is not None and not self.finishing:
                     self._apply_discovery(hosts, limit=self.max_np)
@@ -333,6 +353,41 @@ class ElasticLauncher(Launcher):
         )
         return 1
 
+    def _on_node_lost(self, generation: int, role: str, node_id: int, reason: str) -> None:
+        if role == "worker":
+            with self._verdict_lock:
+                self._verdicts.append((generation, node_id, reason))
+
+    def _act_on_verdicts(self, now: float) -> None:
+        """A worker the scheduler declared lost leaves the job now, whether its process has
+        exited or not (hung, stopped, cut off): the next generation forms from the live
+        workers without waiting for it. Its process is told to stop (SIGTERM to its group;
+        a stopped or hung one gets it when it runs again, and the generation it knew is gone
+        by then: its scheduler and servers are stopped, so nothing of it reaches the new one)."""
+        with self._verdict_lock:
+            verdicts, self._verdicts = self._verdicts, []
+        for generation, rank, reason in verdicts:
+            if generation != self.generation or not 0 <= rank < len(self.members):
+                continue
+            slot = self.slots[self.members[rank]]
+            if slot.state != "running":
+                continue
+            slot.state = "failed"
+            slot.child.reported = True
+            self._host_update(added=False)
+            self.failure_at = now
+            self.waiting.pop(slot.id, None)
+            say(
+                f"worker on slot {slot.id} (rank {rank}, pid {slot.child.pid}) lost: {reason}; "
+                "the job goes on without it"
+            )
+            self._signal_worker(slot, signal.SIGTERM)
+            self._signal_worker(slot, signal.SIGCONT)  # a stopped process must run to exit
+            self._blacklist_after_failure(slot, now)
+            alive = sum(1 for x in self.slots.values() if x.state == "running")
+            say(f"the job goes on with {alive} workers")
+            self.cond.notify_all()
+
     def _reap(self, now: float) -> None:
         for s in self.slots.values():
             if not s.running:
@@ -349,12 +404,13 @@ class ElasticLauncher(Launcher):
                     self.finishing = True
             elif s.spare:
                 s.state = "failed"  # not in any generation: nobody's operations fail
-                say(f"spare worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
+                label = self._worker_label(s.child)
+                say(f"spare worker on slot {s.id} ({label}) {describe_exit(rc)}")
             else:
                 s.state = "failed"
                 self._host_update(added=False)
                 self.failure_at = now
-                say(f"worker on slot {s.id} (pid {s.child.pid}) {describe_exit(rc)}")
+                say(f"worker on slot {s.id} ({self._worker_label(s.child)}) {describe_exit(rc)}")
                 self._blacklist_after_failure(s, now)
                 alive = sum(1 for x in self.slots.values() if x.state == "running")
                 say(f"the job goes on with {alive} workers")
@@ -366,7 +422,7 @@ class ElasticLauncher(Launcher):
             for s in self.slots.values():
                 if s.state == "running" and s.id not in self.members:
                     s.state = "stopping"
-                    signal_group(s.child.pid, signal.SIGTERM)
+                    self._signal_worker(s, signal.SIGTERM)
 
     def _discover(self) -> Optional[Dict[str, int]]:
         """The discovery script's hosts, or None (said once) when it fails."""
@@ -399,7 +455,7 @@ class ElasticLauncher(Launcher):
                 if not s.spare:
                     self._host_update(added=False)
                 say(f"slot {s.id} left the discovery output: stopping its worker")
-                signal_group(s.child.pid, signal.SIGTERM)
+                self._signal_worker(s, signal.SIGTERM)
         alive = sum(1 for s in self.slots.values() if s.running and not s.spare)
         spares = sum(1 for s in self.slots.values() if s.running and s.spare)
         # Spares about to take the places of failed members count as workers already.
@@ -553,6 +609,7 @@ class ElasticLauncher(Launcher):
             elastic_servers=elastic_servers,
         )
         sched.on_abort = lambda reason, g=g: say(f"generation {g} ends: {reason}")
+        sched.on_node_lost = lambda role, nid, why, g=g: self._on_node_lost(g, role, nid, why)
         sched.start()
         self.scheduler = sched
         self.schedulers.append(sched)

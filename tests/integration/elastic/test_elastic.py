@@ -100,6 +100,54 @@ def test_killed_worker_training_finishes_smaller(tmp_path, subprocess_env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("victim", ["localhost:1", "localhost:0"], ids=["rank1", "rank0"])
+def test_hung_worker_is_left_behind_on_the_schedulers_verdict(tmp_path, subprocess_env, victim):
+    """A worker that hangs (SIGSTOP inside its backward pass) never exits on its own: once
+    the scheduler declares it lost (heartbeat timeout), the next generation forms from the
+    two live workers at once, without waiting for its process or for the rendezvous timeout
+    (--elastic-timeout 60 would fail the test's time bound), and the run ends with the
+    parameters of the reference; the hung process is stopped, not left behind."""
+    _, script = _discovery(tmp_path, "localhost:3")
+    steps = 16
+    heartbeat = 3.0
+    proc, out = run_elastic(
+        tmp_path,
+        subprocess_env,
+        [
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            str(script),
+            "--elastic-timeout",
+            "60",
+            "--num-servers",
+            "1",
+        ],
+        {
+            "STEPS": str(steps),
+            "FAIL_AT": f"{victim}@6@hang",
+            "FASTPS_HEARTBEAT_INTERVAL": "0.5",
+            "FASTPS_HEARTBEAT_TIMEOUT": str(heartbeat),
+        },
+        timeout=120,
+    )
+    assert proc.returncode == 0, _show(proc)
+    assert re.search(
+        rf"worker on slot {victim} \(rank \d, pid \d+\) lost: .*heartbeat", proc.stderr
+    ), _show(proc)
+    assert "generation 1: 2 workers" in proc.stderr and "generation 2" not in proc.stderr
+    sizes = sizes_by_step(proc.stdout)
+    assert sizes[1] == 3 and sizes[steps] == 2, sizes
+    assert_reference(out, steps)
+    rec = recovery_seconds(proc.stdout)
+    print("recovery after SIGSTOP:", rec)
+    # heartbeat timeout + 2 s to form the generation, + one rolled-back step (0.1 s sleep)
+    assert len(rec) == 1 and rec[0] < heartbeat + 2 + 1.5, rec
+
+
+@pytest.mark.slow
 def test_async_training_survives_a_killed_worker(tmp_path, subprocess_env):
     """Async mode (docs/guide/async.md): the servers keep the parameters, and a membership change
     brings a generation with new servers, which hold none. The optimizer starts them again

@@ -14,6 +14,8 @@ Environment:
                at that step, ``where`` = backward (inside a gradient hook, with push_pulls in
                flight), commit (after saving, before the commit's collective) or reset
                (in its first reset callback, while the new generation forms; give step -1)
+               or hang (in the backward pass, like backward, but SIGSTOP: the process hangs
+               and only the scheduler's heartbeat verdict tells it is gone)
   GROW_AT      ``step@file@text``: rank 0 writes ``text`` (newlines as ';') to ``file`` (the
                discovery script's source) when it reaches ``step``
   WAIT_SIZE    ``size@seconds``: while the world is smaller than ``size``, each step
@@ -99,7 +101,7 @@ def _die(where: str, step: int) -> None:
         f"KILL {os.environ.get('FASTPS_ELASTIC_ID')} step={step} where={where} t={time.time():.3f}",
         flush=True,
     )
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGSTOP if where == "hang" else signal.SIGKILL)
 
 
 def _kill_server(step: int) -> None:
@@ -181,8 +183,8 @@ def main() -> None:
     armed = {"where": None}
 
     def hook(_grad):
-        if armed["where"] == "backward":
-            _die("backward", state.step)
+        if armed["where"] in ("backward", "hang"):
+            _die(armed["where"], state.step)
 
     model.weight.register_hook(hook)
 
