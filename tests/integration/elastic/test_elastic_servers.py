@@ -130,3 +130,80 @@ def test_elastic_servers_with_elastic_workers(tmp_path, subprocess_env):
     sizes = test_elastic.sizes_by_step(proc.stdout)
     assert sizes[1] == 3 and sizes[steps] == 3 and 2 in sizes.values(), sizes
     test_elastic.assert_reference(out, steps)
+
+
+def test_hand_started_roles_with_elastic_servers(tmp_path, subprocess_env):
+    """The roles started by hand as docs/reference/configuration.md describes (no fastpsrun):
+    with FASTPS_ELASTIC_SERVERS=1 the standalone scheduler (`python -m fastps`) lets a
+    SIGKILLed server's keys move to the others instead of aborting the job (it once built
+    its Scheduler without the setting), the workers end with the reference parameters, and
+    every role exits 0."""
+    import secrets
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    steps, nw, ns = 30, 2, 3
+    base = {k: v for k, v in subprocess_env.items() if not k.startswith("FASTPS_")}
+    base.update(
+        PYTHONPATH=subprocess_env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+        FASTPS_SCHEDULER_ADDR=f"127.0.0.1:{port}",
+        FASTPS_JOB_ID="byhand" + secrets.token_hex(3),
+        FASTPS_TOKEN=secrets.token_hex(16),
+        FASTPS_NUM_WORKERS=str(nw),
+        FASTPS_NUM_SERVERS=str(ns),
+        FASTPS_ELASTIC_SERVERS="1",
+        FASTPS_HOST="127.0.0.1",
+    )
+    result = tmp_path / "result.json"
+    procs = {}
+
+    def start(name, argv, **env):
+        log = open(tmp_path / f"{name}.log", "w")
+        procs[name] = subprocess.Popen(
+            [sys.executable, *argv], env={**base, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    try:
+        start("scheduler", ["-m", "fastps"], FASTPS_ROLE="scheduler")
+        for sid in range(ns):
+            start(
+                f"server{sid}",
+                ["-m", "fastps.server"],
+                FASTPS_ROLE="server",
+                FASTPS_SERVER_ID=str(sid),
+            )
+        for rank in range(nw):
+            start(
+                f"worker{rank}",
+                [str(TRAIN)],
+                FASTPS_ROLE="worker",
+                FASTPS_RANK=str(rank),
+                MODE="numpy",
+                STEPS=str(steps),
+                KILL="8:1",
+                RESULT=str(result),
+            )
+        codes = {
+            name: p.wait(timeout=RUN_TIMEOUT)
+            for name, p in procs.items()
+            if name.startswith("worker")
+        }
+        codes.update(
+            {name: p.wait(timeout=60) for name, p in procs.items() if not name.startswith("worker")}
+        )
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    logs = "\n".join(f"--- {f.name}\n{f.read_text()[-1500:]}" for f in tmp_path.glob("*.log"))
+    assert codes.pop("server1") == -9, logs  # the one rank 0 killed
+    assert all(rc == 0 for rc in codes.values()), (codes, logs)
+    out = json.loads(result.read_text())
+    assert [c["server"] for c in out["changes"]] == [[1]]
+    assert out["epoch"] == 1 and out["core_servers"] == 2
+    assert_params(out, train_servers.numpy_reference(steps, nw), 1e-5)
+    assert "aborting job" not in logs
