@@ -13,8 +13,9 @@ FastPSError) naming the variable and the value, so a typo fails at start-up inst
 inside a job.
 
 Rank and world size fall back to the variables of other launchers when the ``FASTPS_``
-ones are unset: torchrun (``RANK``/``WORLD_SIZE``), SLURM (``SLURM_PROCID``/
-``SLURM_NTASKS``) and Open MPI (``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``).
+ones are unset, in this order: torchrun (``RANK``/``WORLD_SIZE``), Open MPI
+(``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``) and SLURM (``SLURM_PROCID``/
+``SLURM_NTASKS``).
 """
 
 from __future__ import annotations
@@ -150,8 +151,10 @@ DISCOVERY_INTERVAL = 1.0
 MIN_DISCOVERY_INTERVAL = 0.05
 
 # Fallback variables, in order of preference, when the FASTPS_ one is unset.
-RANK_FALLBACKS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
-SIZE_FALLBACKS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+# Open MPI's before SLURM's: the ranks mpirun starts inside a batch script also inherit the
+# script's own SLURM_PROCID (0) and SLURM_NTASKS.
+RANK_FALLBACKS = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+SIZE_FALLBACKS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
 
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
@@ -550,31 +553,59 @@ def elastic_defer_join(env: Optional[Mapping[str, str]] = None) -> bool:
 
 # The variables torchrun (and torch's env:// rendezvous) sets for every process.
 TORCH_LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+# Where a process's rank and world size come from when MASTER_ADDR and MASTER_PORT are set,
+# as (rank, size) pairs in order of preference: torchrun's, then Open MPI's (mpirun sets them
+# in the ranks it starts only), then SLURM's (srun's tasks; SLURM_PROCID and SLURM_NTASKS are
+# also inherited by whatever a batch script starts, mpirun's ranks included, so they count
+# last). A pair counts only when both of its variables are set.
+LAUNCH_RANK_VARS = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
 DEFAULT_SERVERS_PER_HOST = 1
 DEFAULT_STORE_TIMEOUT = 1800.0  # torch's default process-group timeout (30 min)
 
 
+def _launch_rank_vars(e: _Env) -> Optional[Tuple[str, str]]:
+    """The first (rank, size) pair of LAUNCH_RANK_VARS with both variables set, or None."""
+    for rank_var, size_var in LAUNCH_RANK_VARS:
+        if e.raw(rank_var) is not None and e.raw(size_var) is not None:
+            return rank_var, size_var
+    return None
+
+
 def torch_launched(env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether this process was started by torchrun or another launcher that sets
-    MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, and not by fastpsrun (no
-    FASTPS_SCHEDULER_ADDR): then ``init()`` joins through torch's store."""
+    MASTER_ADDR and MASTER_PORT and a rank and world size (RANK and WORLD_SIZE, else
+    OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE from mpirun, else SLURM_PROCID and
+    SLURM_NTASKS from srun), and not by fastpsrun (no FASTPS_SCHEDULER_ADDR): then
+    ``init()`` joins through the store at MASTER_ADDR:MASTER_PORT. Without MASTER_ADDR and
+    MASTER_PORT, mpirun's and srun's variables only number the workers of a job whose
+    scheduler was started by hand (``Config.from_env``)."""
     e = _read(env)
-    return e.raw("FASTPS_SCHEDULER_ADDR") is None and all(
-        e.raw(var) is not None for var in TORCH_LAUNCH_VARS
+    return (
+        e.raw("FASTPS_SCHEDULER_ADDR") is None
+        and e.raw("MASTER_ADDR") is not None
+        and e.raw("MASTER_PORT") is not None
+        and _launch_rank_vars(e) is not None
     )
 
 
 def torch_launch_settings(env: Optional[Mapping[str, str]] = None) -> Tuple[str, int, int, int]:
-    """MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, checked (errors name the variable)."""
+    """MASTER_ADDR, MASTER_PORT, and the rank and world size from the first pair of
+    LAUNCH_RANK_VARS that is set (RANK and WORLD_SIZE when none is), checked (errors name
+    the variable)."""
     e = _read(env)
     addr = e.raw("MASTER_ADDR") or ""
     port, _ = e.integer(("MASTER_PORT",), 0, minimum=1)
     if port > 65535:
         raise _bad("MASTER_PORT", str(port), "port out of range 1..65535")
-    size, _ = e.integer(("WORLD_SIZE",), 1, minimum=1)
-    rank, _ = e.integer(("RANK",), 0, minimum=0)
+    rank_var, size_var = _launch_rank_vars(e) or LAUNCH_RANK_VARS[0]
+    size, _ = e.integer((size_var,), 1, minimum=1)
+    rank, _ = e.integer((rank_var,), 0, minimum=0)
     if rank >= size:
-        raise _bad("RANK", str(rank), f"must be < WORLD_SIZE ({size})")
+        raise _bad(rank_var, str(rank), f"must be < {size_var} ({size})")
     return addr, port, rank, size
 
 

@@ -55,9 +55,11 @@ $PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=te
 
 # Each of these tiers runs in the environment its tests/envs/<name>.sh builds (that script
 # prints the environment's python last): the other frameworks, then the libraries and cluster
-# engines fastps plugs into (tests/ecosystem/<name>: Lightning, Hugging Face, Ray, Spark).
+# engines fastps plugs into (tests/ecosystem/<name>: Lightning, Hugging Face, Ray, Spark,
+# SLURM, Open MPI; SLURM's and Open MPI's scripts install the Debian packages and start the
+# daemons).
 for tier in tensorflow mxnet ecosystem/lightning ecosystem/huggingface ecosystem/ray \
-  ecosystem/spark; do
+  ecosystem/spark ecosystem/slurm ecosystem/openmpi; do
   name=$(basename "$tier")
   if [ -f "tests/envs/$name.sh" ] && [ -d "tests/$tier" ]; then
     echo "== $name environment"

@@ -336,7 +336,10 @@ def join_from_env(env: Optional[Mapping[str, str]] = None) -> Config:
         have_torch = False
     if have_torch:
         td = datetime.timedelta(seconds=timeout)
-        store, rank, size = next(dist.rendezvous("env://", timeout=td))
+        # Rank and size in the URL: under mpirun or srun they come from OMPI_COMM_WORLD_* or
+        # SLURM_* (config.torch_launch_settings), and env:// alone would insist on RANK.
+        url = f"env://?rank={rank}&world_size={size}"
+        store, rank, size = next(dist.rendezvous(url, timeout=td))
         store.set_timeout(td)
     else:
         from fastps.launch.kv_store import StoreClient, StoreServer

@@ -63,6 +63,18 @@ def test_config_defaults() -> None:
         ({"RANK": "2", "WORLD_SIZE": "4"}, 2, 4, "RANK"),
         ({"SLURM_PROCID": "1", "SLURM_NTASKS": "3"}, 1, 3, "SLURM_PROCID"),
         ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8"}, 5, 8, "OMPI_COMM_WORLD_RANK"),
+        # mpirun inside an sbatch script: its ranks inherit the script's SLURM_PROCID=0.
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "SLURM_PROCID": "0",
+                "SLURM_NTASKS": "1",
+            },
+            3,
+            4,
+            "OMPI_COMM_WORLD_RANK",
+        ),
         (
             {"FASTPS_RANK": "0", "FASTPS_NUM_WORKERS": "2", "RANK": "7", "WORLD_SIZE": "9"},
             0,
