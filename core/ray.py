@@ -9,6 +9,10 @@
     results = executor.run(train_fn)  # train_fn calls fastps.torch's hvd.init()
     executor.shutdown()
 
+With ``min_workers`` (``RayExecutor(settings, min_workers=2, max_workers=4)``) it is the
+elastic form: ``run(fn)`` with ``fn`` using ``hvd.elastic.run`` goes on when a worker actor
+dies (``fastps.launch.ray.elastic``).
+
 The code lives in ``fastps.launch.ray``; docs/guide/ray.md has the whole story (Ray Train's
 ``TorchTrainer`` with the ``fastps`` backend).
 """

@@ -8,17 +8,24 @@ each worker's rank go into the workers' environment, so ``hvd.init()`` in the fu
 ended (every worker left with ``hvd.shutdown()``, or none joined within ``timeout_s``) the
 next call starts a new one on the same actors. ``shutdown()`` ends every actor; so does Ray
 when the driver exits.
+
+The elastic form (``min_workers``) is ``fastps.launch.ray.elastic``: each ``run(fn)`` is one
+elastic job whose workers are actors started on the cluster's free slots, ``fn`` using
+``hvd.elastic.run``; a killed actor makes the others roll back to their last commit and go
+on without it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fastps.errors import FastPSError
 from fastps.launch.ray.actors import SchedulerActor, ServerActor, WorkerActor
+from fastps.launch.ray.elastic import RayElasticDriver
 from fastps.launch.ray.placement import (
+    WorkerLayout,
     order_by_node,
     server_bundles,
     worker_layout,
@@ -83,10 +90,16 @@ class RayExecutor:
     ``settings``: from :meth:`create_settings`. Workers: ``num_workers``, or ``num_hosts``
     nodes with ``num_workers_per_host`` each; ``cpus_per_worker``, ``use_gpu`` /
     ``gpus_per_worker`` (default 1 with ``use_gpu``) are each worker's resources.
-    ``min_workers`` (Horovod's elastic form, with ``max_workers``, ``reset_limit``,
-    ``elastic_timeout``, ``cooldown_range``) is refused with a clear error for now.
+    ``min_workers`` makes it elastic (Horovod's elastic form): ``run(fn)`` starts between
+    ``min_workers`` and ``max_workers`` (default: as many as the cluster holds) worker actors
+    of ``cpus_per_worker``/``gpus_per_worker`` each on the cluster's nodes, and ``fn`` (which
+    uses ``hvd.elastic.run``) goes on with the survivors when one dies, and with new actors
+    when a node joins; ``elastic_timeout``: how long it may have fewer than ``min_workers``;
+    ``reset_limit``: how many times the world may change; ``cooldown_range`` ``(lo, hi)``:
+    a failed slot may be used again after Horovod's cooldown (default: never).
     ``use_current_placement_group`` and ``override_discovery`` are accepted for Horovod's
-    signature; the executor always reserves its own placement group.
+    signature; the executor always reserves its own placement group (fixed form) and finds
+    its slots from the cluster's nodes (elastic form).
     """
 
     create_settings = staticmethod(create_settings)
@@ -119,21 +132,26 @@ class RayExecutor:
                 f"RayExecutor: num_workers={num_workers} (fixed) and min_workers="
                 f"{min_workers} (elastic) exclude each other"
             )
-        if min_workers is not None:
-            # Not built yet: refusing beats running a fixed-size job the caller did not ask for.
-            raise FastPSError(
-                f"RayExecutor(min_workers={min_workers}): the elastic form is not available "
-                "in this fastps version; use num_workers, or Ray Train's TorchTrainer with "
-                "FailureConfig(max_failures=...) to recover from lost workers"
-            )
         gpus = float(gpus_per_worker if gpus_per_worker is not None else (1 if use_gpu else 0))
-        self.layout = worker_layout(
-            num_workers,
-            num_hosts,
-            num_workers_per_host if num_hosts is not None else None,
-            float(cpus_per_worker),
-            gpus,
-        )
+        self.elastic: Optional[Dict[str, Any]] = None
+        self.layout: Optional[WorkerLayout] = None
+        if min_workers is not None:
+            self.elastic = _elastic_args(
+                min_workers, max_workers, num_hosts, reset_limit, cooldown_range, elastic_timeout
+            )
+            if cpus_per_worker < 0 or gpus < 0:
+                raise FastPSError(
+                    f"RayExecutor: cpus_per_worker={cpus_per_worker} and gpus_per_worker="
+                    f"{gpus} must not be negative"
+                )
+        else:
+            self.layout = worker_layout(
+                num_workers,
+                num_hosts,
+                num_workers_per_host if num_hosts is not None else None,
+                float(cpus_per_worker),
+                gpus,
+            )
         self.cpus_per_worker = float(cpus_per_worker)
         self.gpus_per_worker = gpus
         self._pg: Any = None
@@ -143,6 +161,8 @@ class RayExecutor:
         self._env: Dict[str, str] = {}
         self._placements: List[Dict[str, str]] = []
         self._job: Dict[str, Any] = {}
+        self._started = False
+        self._driver: Optional[RayElasticDriver] = None  # the elastic job running now
 
     # ------------------------------------------------------------------ start
     def start(
@@ -161,6 +181,16 @@ class RayExecutor:
         self._env = forwarded_env(extra_env_vars)
         if self.settings.nics:
             self._env.setdefault("FASTPS_IFACE", sorted(self.settings.nics)[0])
+        if self.elastic is not None:
+            # Each run() is one elastic job with its own actors; an executable would be
+            # built in actors that the first failure replaces, so it has no place here.
+            if executable_cls is not None:
+                raise FastPSError(
+                    "RayExecutor (elastic form): start(executable_cls=...) is not supported; "
+                    "build what the training needs inside the function given to run()"
+                )
+            self._started = True
+            return
         try:
             self._start_actors()
             self._new_job()
@@ -276,8 +306,58 @@ class RayExecutor:
         kwargs: Optional[Mapping[str, Any]] = None,
         callbacks: Optional[Sequence[Callable[[Any], Any]]] = None,
     ) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every worker; the results in rank order."""
+        """``fn(*args, **kwargs)`` on every worker; the results in rank order. Elastic form:
+        the results of the workers of the last generation, in their rank order; a
+        ``FastPSError`` naming the slots, actors and reason when the job failed."""
+        if self.elastic is not None:
+            return self._run_elastic(fn, args or (), kwargs or {})
         return gather_in_order(self.run_remote(fn, args, kwargs))
+
+    def _run_elastic(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> List[Any]:
+        from fastps.launch.ray.actors import node_address
+
+        assert self.elastic is not None
+        if not self._started:
+            raise FastPSError("RayExecutor: call start() first")
+        if self._driver is not None:
+            raise FastPSError("RayExecutor (elastic form): a run is in progress already")
+        driver = RayElasticDriver(
+            fn,
+            args,
+            kwargs,
+            cpus_per_worker=self.cpus_per_worker,
+            gpus_per_worker=self.gpus_per_worker,
+            timeout=self.settings.timeout_s,
+            host_addr=node_address(),
+            extra_env=self._env,
+            **self.elastic,
+        )
+        self._driver = driver
+        try:
+            code = driver.run()
+        finally:
+            self._driver = None
+        if code != 0:
+            raise FastPSError(f"RayExecutor (elastic form): {driver.failure()}")
+        return driver.results()
+
+    def worker_actors(self) -> Dict[str, Any]:
+        """Elastic form, while ``run`` runs (from another thread): the live worker actors by
+        slot (``<node ip>:<i>``); empty otherwise."""
+        driver = self._driver
+        if driver is None:
+            return {}
+        procs = dict(driver.actors)
+        return {slot: p.actor for slot, p in procs.items() if p.returncode is None}
+
+    def _fixed_only(self, what: str) -> None:
+        if self.elastic is not None:
+            raise FastPSError(
+                f"RayExecutor (elastic form): {what} is not available; use run(fn), with fn "
+                "using hvd.elastic.run (Horovod's elastic executor has only run, too)"
+            )
 
     def run_remote(
         self,
@@ -286,6 +366,7 @@ class RayExecutor:
         kwargs: Optional[Mapping[str, Any]] = None,
     ) -> List[Any]:
         """Like :meth:`run`, without waiting: one ``ray.ObjectRef`` per rank, in rank order."""
+        self._fixed_only("run_remote")
         self._ensure_job()
         return [w.run.remote(fn, args, kwargs) for w in self.workers]
 
@@ -296,11 +377,13 @@ class RayExecutor:
     ) -> List[Any]:
         """``fn(executable)`` on every worker (the object ``start(executable_cls=...)``
         created there, else None); the results in rank order."""
+        self._fixed_only("execute")
         self._ensure_job()
         return gather_in_order([w.execute.remote(fn) for w in self.workers])
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on rank 0 only; its result."""
+        self._fixed_only("execute_single")
         self._ensure_job()
         return gather_in_order([self.workers[0].execute.remote(fn)])[0]
 
@@ -309,8 +392,13 @@ class RayExecutor:
         """Ends every actor of the job and frees the placement group (idempotent)."""
         import ray
 
+        self._started = False
         if not ray.is_initialized():
             return
+        driver = self._driver
+        if driver is not None:  # a run() in another thread: its actors go now
+            for proc in list(driver.actors.values()):
+                proc.kill()
         # Workers leave first, so the job ends normally and the servers exit on their own.
         leaves = [w.leave.remote() for w in self.workers]
         if leaves:
@@ -333,3 +421,44 @@ class RayExecutor:
     @property
     def num_workers(self) -> int:
         return len(self.workers)
+
+
+def _elastic_args(
+    min_workers: int,
+    max_workers: Optional[int],
+    num_hosts: Optional[int],
+    reset_limit: Optional[int],
+    cooldown_range: Optional[Sequence[float]],
+    elastic_timeout: float,
+) -> Dict[str, Any]:
+    """The elastic driver's arguments, or a clear error for a contradictory request."""
+    if min_workers < 1:
+        raise FastPSError(f"RayExecutor: min_workers={min_workers} must be >= 1")
+    if num_hosts is not None:
+        raise FastPSError(
+            f"RayExecutor: num_hosts={num_hosts} (fixed) and min_workers={min_workers} "
+            "(elastic) exclude each other"
+        )
+    if max_workers is not None and max_workers < min_workers:
+        raise FastPSError(
+            f"RayExecutor: max_workers={max_workers} is below min_workers={min_workers}"
+        )
+    if reset_limit is not None and reset_limit < 0:
+        raise FastPSError(f"RayExecutor: reset_limit={reset_limit} must be >= 0")
+    if not elastic_timeout or elastic_timeout <= 0:
+        raise FastPSError(f"RayExecutor: elastic_timeout={elastic_timeout} must be > 0")
+    cooldown: Optional[Tuple[float, float]] = None
+    if cooldown_range is not None:
+        lo, hi = (float(x) for x in cooldown_range)
+        if not 0 < lo <= hi:
+            raise FastPSError(
+                f"RayExecutor: cooldown_range={tuple(cooldown_range)} must be 0 < lo <= hi"
+            )
+        cooldown = (lo, hi)
+    return {
+        "min_workers": int(min_workers),
+        "max_workers": None if max_workers is None else int(max_workers),
+        "reset_limit": reset_limit,
+        "cooldown_range": cooldown,
+        "elastic_timeout": float(elastic_timeout),
+    }
