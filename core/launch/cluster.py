@@ -3,43 +3,27 @@
 :class:`ClusterLauncher` is the local :class:`~fastps.launcher.Launcher` with a placement
 (``hosts.place``): the scheduler runs in fastpsrun, processes placed on this machine start
 directly, the others through a transport (``remote.SshTransport`` or ``SrunTransport``) and
-the agent. Before anything starts every remote host is checked (``remote.preflight``); the
-address the processes reach the scheduler at is the one the remote hosts' ssh connections
-come from (or ``--network-interface``'s). Teardown is the local one plus: remote agents get
-EOF on stdin (they stop their process groups), and a sweep over every remote host stops
-whatever of the job is still running there before fastpsrun exits.
+the agent (``remote_spawn.RemoteSpawner``, shared with the elastic driver). Before anything
+starts every remote host is checked (``remote.preflight``); the address the processes reach
+the scheduler at is the one the remote hosts' ssh connections come from (or
+``--network-interface``'s). Teardown is the local one plus: remote agents get EOF on stdin
+(they stop their process groups), and a sweep over every remote host stops whatever of the
+job is still running there before fastpsrun exits.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from fastps.config import default_advertised_host
 from fastps.config import network_interface as stated_interface
-from fastps.control.netif import interface_address
 from fastps.launch.hosts import Placement, host_label, is_local_host
-from fastps.launch.job import KILL_GRACE, Child, Launcher, say
-from fastps.launch.remote import Transport, forwarded_env, preflight, start_agent, sweep
-from fastps.version import __version__
+from fastps.launch.job import Child, Launcher, say
+from fastps.launch.remote import HostInfo, Transport
+from fastps.launch.remote_spawn import HostChild, RemoteSpawner
 
 __all__ = ["ClusterLauncher"]
-
-PREFLIGHT_SLACK = 30.0  # seconds beyond the connect timeout for a host to answer its check
-
-
-@dataclass
-class _HostChild(Child):
-    host: str = ""
-    remote: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{self.role} {self.index}@{self.host}"
 
 
 class ClusterLauncher(Launcher):
@@ -67,47 +51,21 @@ class ClusterLauncher(Launcher):
         self.python = python or sys.executable
         self.connect_timeout = connect_timeout
         self.interface = network_interface or stated_interface(self.base_env)
+        self.remote = RemoteSpawner(transport, self.python, connect_timeout, self.interface)
         if local_hosts is None:
             local_hosts = [h for h in placement.hosts if is_local_host(h)]
         self.local_hosts = set(local_hosts)
         self.remote_hosts = [h for h in placement.hosts if h not in self.local_hosts]
-        self._started_remote: List[str] = []
-        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- setup
-    def _advertised_address(self, infos: Dict[str, object]) -> str:
-        if self.interface:
-            return interface_address(self.interface, "--network-interface")
-        if not self.remote_hosts:
-            return self.host_addr
-        for host in self.remote_hosts:
-            seen = getattr(infos.get(host), "seen_from", None)
-            if seen:
-                return seen  # the address this machine's ssh connections leave from
-        return default_advertised_host(host_label(self.remote_hosts[0]))
+    def _advertised_address(self, infos: Dict[str, HostInfo]) -> str:
+        return self.remote.advertised_address(infos, self.remote_hosts, self.host_addr)
 
     def _start(self) -> None:
-        infos: Dict[str, object] = {}
+        infos: Dict[str, HostInfo] = {}
         if self.remote_hosts:
-            env = forwarded_env(self._child_env("worker", 0, "0.0.0.0:1"))
-            env.pop("FASTPS_TOKEN", None)  # a check needs no secret
-            infos = dict(
-                preflight(
-                    self.transport,
-                    self.remote_hosts,
-                    self.python,
-                    env,
-                    os.getcwd(),
-                    self.connect_timeout + PREFLIGHT_SLACK,
-                    local_fastps=__version__,
-                )
-            )
-            for host, info in infos.items():
-                if not getattr(info, "cwd_exists", True):
-                    say(
-                        f"host {host_label(host)} has no directory {os.getcwd()}: its processes "
-                        "start in the login directory"
-                    )
+            env = self._child_env("worker", 0, "0.0.0.0:1")
+            infos = self.remote.check(self.remote_hosts, env)
         if self._signal is not None:
             return  # Ctrl-C while the machines were being checked: start nothing
         self.host_addr = self._advertised_address(infos)
@@ -128,14 +86,7 @@ class ClusterLauncher(Launcher):
         env = self._child_env(role, index, sched_addr)
         remote = host not in self.local_hosts
         if remote:
-            # The remote machine advertises its own address (FASTPS_IFACE or the route to the
-            # scheduler) and host name.
-            proc = start_agent(
-                self.transport, host, self.python, argv, forwarded_env(env), os.getcwd(), KILL_GRACE
-            )
-            with self._lock:
-                if host not in self._started_remote:
-                    self._started_remote.append(host)
+            proc = self.remote.start(host, argv, env)
         else:
             proc = subprocess.Popen(
                 argv,
@@ -145,32 +96,16 @@ class ClusterLauncher(Launcher):
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        child = _HostChild(role, index, proc, host=host_label(host), remote=remote)
+        child = HostChild(role, index, proc, host=host_label(host), remote=remote)
         self._forward_output(child)
         self.children.append(child)
         return child
 
     # ---------------------------------------------------------------- teardown
     def _terminate_all(self) -> None:
-        for c in self.children:
-            if isinstance(c, _HostChild) and c.remote and c.proc.stdin is not None:
-                try:
-                    c.proc.stdin.close()  # EOF: the agent stops its process group
-                except OSError:
-                    pass
+        self.remote.hang_up_all(self.children)  # EOF: each agent stops its process group
         super()._terminate_all()
 
     def _cleanup(self) -> None:
         super()._cleanup()
-        if not self._started_remote:
-            return
-        problems = sweep(
-            self.transport,
-            self._started_remote,
-            self.python,
-            self.job_id,
-            KILL_GRACE,
-            self.connect_timeout + KILL_GRACE + 10.0,
-        )
-        for host, problem in problems.items():
-            say(f"host {host_label(host)}: {problem}")
+        self.remote.sweep(self.job_id)

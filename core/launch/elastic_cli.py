@@ -1,4 +1,10 @@
-"""fastpsrun's elastic options (Horovod's names) and the launcher they select."""
+"""fastpsrun's elastic options (Horovod's names) and the launcher they select.
+
+Elastic mode is ``--host-discovery-script``, or, as in Horovod, ``-H``/``--hostfile`` with an
+elastic flag (``--min-np``, ``--max-np``, ...): a discovery whose hosts never change. Hosts
+that are not this machine get their workers over ssh (``--ssh-port``,
+``--ssh-identity-file``, ``--ssh-connect-timeout`` and ``--network-interface`` apply).
+"""
 
 from __future__ import annotations
 
@@ -98,18 +104,27 @@ def elastic_launcher_from_cli(
     multihost: Dict[str, Any],
     **launcher_kwargs: Any,
 ) -> Any:
-    """The ElasticLauncher for --host-discovery-script, or None."""
+    """The ElasticLauncher for --host-discovery-script (or -H/--hostfile with elastic
+    flags), or None."""
     script = opts.get("host_discovery_script")
-    if not script:
-        given = [f"--{k.replace('_', '-')}" for k in ELASTIC_KEYS if opts.get(k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in ELASTIC_KEYS if opts.get(k) is not None]
+    hosts_text, hostfile = multihost.get("hosts"), multihost.get("hostfile")
+    if not script and not (given and (hosts_text or hostfile)):
         if given:
-            raise FastPSError(f"{', '.join(given)} need --host-discovery-script (elastic mode)")
+            raise FastPSError(
+                f"{', '.join(given)} need --host-discovery-script, -H or --hostfile (elastic mode)"
+            )
         return None
-    used = [k for k in ("hosts", "hostfile", "server_hosts", "slurm") if multihost.get(k)]
-    if used:
+    fixed = _fixed_hosts(script, hosts_text, hostfile)
+    if multihost.get("server_hosts"):
         raise FastPSError(
-            "elastic mode (--host-discovery-script) runs on this machine only; drop "
-            + ", ".join(f"--{k.replace('_', '-')}" for k in used)
+            "--server-hosts is not supported in elastic mode: each generation's servers run "
+            "on fastpsrun's machine (--num-servers sets how many)"
+        )
+    if multihost.get("slurm"):
+        raise FastPSError(
+            "--slurm is not supported in elastic mode yet: give the allocation's nodes with "
+            "-H or --hostfile (workers start over ssh) or a --host-discovery-script"
         )
     env = launcher_kwargs.get("env") or os.environ
     from fastps.launch.elastic_driver import (
@@ -117,7 +132,9 @@ def elastic_launcher_from_cli(
         ElasticLauncher,
         discovery_interval,
     )
+    from fastps.launch.remote import SshTransport
 
+    connect_timeout = float(multihost.get("ssh_connect_timeout") or 5.0)
     min_np = opts.get("min_np") or num_workers or 1
     max_np = opts.get("max_np") or max(min_np, num_workers or 0, 1 << 16)
     timeout = opts.get("elastic_timeout") or DEFAULT_ELASTIC_TIMEOUT
@@ -126,7 +143,7 @@ def elastic_launcher_from_cli(
         raise FastPSError(f"--blacklist-cooldown-range {cooldown[0]:g} {cooldown[1]:g}: HI < LO")
     return ElasticLauncher(
         command,
-        discovery_script=script,
+        discovery_script=script or "",
         min_np=min_np,
         max_np=max_np,
         num_workers=num_workers,
@@ -138,5 +155,30 @@ def elastic_launcher_from_cli(
         discovery_interval=discovery_interval(env),
         defer_join=elastic_defer_join(env),
         spares=opts.get("spare_hosts") or 0,
+        fixed_hosts=fixed,
+        transport=SshTransport(
+            port=multihost.get("ssh_port"),
+            identity_file=multihost.get("ssh_identity_file"),
+            connect_timeout=connect_timeout,
+        ),
+        network_interface=multihost.get("network_interface"),
+        connect_timeout=connect_timeout,
         **launcher_kwargs,
     )
+
+
+def _fixed_hosts(
+    script: Optional[str], hosts_text: Optional[str], hostfile: Optional[str]
+) -> Optional[Dict[str, int]]:
+    """-H/--hostfile as a discovery that never changes (None: the script discovers)."""
+    from fastps.launch.hosts import parse_host_list, parse_hostfile
+
+    if hosts_text and hostfile:
+        raise FastPSError("give -H or --hostfile, not both")
+    if not hosts_text and not hostfile:
+        return None
+    if script:
+        flag = "-H" if hosts_text else "--hostfile"
+        raise FastPSError(f"give --host-discovery-script or {flag}, not both")
+    hosts = parse_host_list(hosts_text) if hosts_text else parse_hostfile(str(hostfile))
+    return {h.name: h.slots for h in hosts}

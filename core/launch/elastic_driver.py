@@ -22,7 +22,20 @@ The job is a sequence of generations (``rendezvous.py``). The driver
   it must be a survivor, which holds the committed state), so the world keeps its size;
 - with ``FASTPS_ELASTIC_SERVERS=1``, starts each generation's scheduler with elastic
   servers (a server that dies or joins changes the servers without ending the generation)
-  and gives the next generation as many servers as the last one had at its end.
+  and gives the next generation as many servers as the last one had at its end;
+- starts the workers of hosts that are not this machine over ssh, as ``-H`` does
+  (``remote_spawn.RemoteSpawner``): each such host is checked first (``remote.preflight``,
+  in the background: a slow or dead host holds up nothing), and the rendezvous service,
+  schedulers and servers then listen on the address those hosts reach this machine at
+  (``--network-interface``'s, else the one their ssh connections come from). ``-H`` or
+  ``--hostfile`` with elastic flags is a discovery that never changes (``fixed_hosts``).
+
+A worker the job lost (its process exited, or its scheduler's verdict) is fenced: a later
+rendezvous request of that process (a hung one that runs again, or one on a host whose
+link healed) is refused with a message naming why it was removed, and it exits; it never
+joins a generation formed without it. Only the process a slot's worker was started as
+may join with that slot (a request naming a generation the slot's current process never
+joined comes from an earlier one).
 
 A worker that dies does not stop the job: its generation's scheduler aborts that generation
 (every survivor's pending operation fails), and the survivors come back for the next one.
@@ -38,7 +51,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from fastps.config import (
@@ -46,14 +59,19 @@ from fastps.config import (
     DISCOVERY_INTERVAL,
     elastic_discovery_interval,
     format_addr,
+    is_loopback_host,
 )
 from fastps.config import MIN_DISCOVERY_INTERVAL as MIN_DISCOVERY_INTERVAL
+from fastps.config import network_interface as stated_interface
 from fastps.control import elastic_wire as wire
 from fastps.control.protocol import FrameDecoder, compute_mac, encode_frame
 from fastps.control.scheduler import Scheduler
 from fastps.errors import FastPSError
 from fastps.launch import discovery
+from fastps.launch.hosts import host_label, is_local_host
 from fastps.launch.job import POLL, Child, Launcher, describe_exit, say, signal_group
+from fastps.launch.remote import HostInfo, SshTransport, Transport
+from fastps.launch.remote_spawn import HostChild, RemoteSpawner
 
 # DEFAULT_ELASTIC_TIMEOUT (Horovod's), DISCOVERY_INTERVAL and MIN_DISCOVERY_INTERVAL are
 # fastps.config's, with the variables that override them.
@@ -121,6 +139,8 @@ class _Slot:
     ready: bool = False  # asked for a generation at least once
     announced: bool = False  # its arrival was counted as a host update
     spare: bool = False  # started to replace a failed worker, not in any generation yet
+    joined: Set[int] = field(default_factory=set)  # generations this process was given
+    why: str = ""  # why it left the job (lost, exited, host removed), for its fencing
 
     @property
     def running(self) -> bool:
@@ -146,6 +166,11 @@ class ElasticLauncher(Launcher):
         blacklist_scope: str = "slot",
         defer_join: bool = False,
         spares: int = 0,
+        fixed_hosts: Optional[Mapping[str, int]] = None,
+        transport: Optional[Transport] = None,
+        network_interface: Optional[str] = None,
+        connect_timeout: float = 5.0,
+        python: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         if min_np < 1:
@@ -166,6 +191,20 @@ class ElasticLauncher(Launcher):
             command, num_workers=num_workers or min_np, num_servers=num_servers, **kwargs
         )
         self.script = discovery_script
+        # -H/--hostfile with elastic flags: the hosts never change (Horovod's fixed discovery).
+        self.fixed_hosts = None if fixed_hosts is None else dict(fixed_hosts)
+        self.interface = network_interface or stated_interface(self.base_env)
+        self.remote = RemoteSpawner(
+            transport or SshTransport(connect_timeout=connect_timeout),
+            python,
+            connect_timeout,
+            self.interface,
+        )
+        # Hosts that are not this machine: "checking" (its preflight runs), "ok", or why it
+        # is left out. A host that leaves the discovery output is checked again if it returns.
+        self._host_state: Dict[str, str] = {}
+        self._locality: Dict[str, bool] = {}
+        self._fenced_said: Set[Tuple[str, int]] = set()  # (slot, worker seq) said once
         self.min_np = min_np
         self.max_np = max_np
         self.initial_np = num_workers or max_np
@@ -208,6 +247,8 @@ class ElasticLauncher(Launcher):
     # ------------------------------------------------------------ environment
     def _child_env(self, role: str, index: int, sched_addr: str) -> Dict[str, str]:
         env = super()._child_env(role, index, sched_addr)
+        if self.interface:
+            env["FASTPS_IFACE"] = self.interface
         env.update(self._next_env)
         for var in self._drop_env:
             env.pop(var, None)
@@ -259,18 +300,38 @@ class ElasticLauncher(Launcher):
     _next_seq = 0
 
     # The three places a worker is more than a local process. fastps.launch.ray.elastic
-    # overrides them to run the same driver with Ray actors as its workers; here they keep
-    # what this class always did (a process group on this machine).
+    # overrides them to run the same driver with Ray actors as its workers; here a worker
+    # is a process group on this machine, or one the agent runs on another (over ssh).
     def _launch_worker(self, seq: int, slot_id: str, host: str, extra: Dict[str, str]) -> Child:
         """Starts worker ``seq`` on ``slot_id`` with the rendezvous variables ``extra``."""
         drop = ("FASTPS_SCHEDULER_ADDR", "FASTPS_RANK", "FASTPS_NUM_WORKERS")
-        return self._spawn_with("worker", seq, self.command, "", extra, drop)
+        if self._is_local(host):
+            return self._spawn_with("worker", seq, self.command, "", extra, drop)
+        self._next_env, self._drop_env = extra, drop
+        try:
+            env = self._child_env("worker", seq, "")
+        finally:
+            self._next_env, self._drop_env = {}, ()
+        proc = self.remote.start(host, self.command, env)
+        child = HostChild("worker", seq, proc, host=host_label(host), remote=True)
+        self._forward_output(child)
+        self.children.append(child)
+        return child
 
     def _signal_worker(self, slot: _Slot, sig: int) -> None:
-        """Sends ``sig`` to the worker of ``slot`` (SIGTERM: stop it)."""
-        signal_group(slot.child.pid, sig)
+        """Sends ``sig`` to the worker of ``slot`` (SIGTERM: stop it). A remote worker is
+        stopped by its agent when fastpsrun hangs up on it (SIGTERM, SIGKILL after the
+        grace period: a stopped process goes too); other signals do not reach it."""
+        child = slot.child
+        if isinstance(child, HostChild) and child.remote:
+            if sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP):
+                self.remote.hang_up(child)
+            return
+        signal_group(child.pid, sig)
 
     def _worker_label(self, child: Child) -> str:
+        if isinstance(child, HostChild) and child.remote:
+            return f"on {child.host}, {self.remote.transport.name} pid {child.pid}"
         return f"pid {child.pid}"
 
     def _host_update(self, added: bool) -> None:
@@ -294,15 +355,116 @@ class ElasticLauncher(Launcher):
         for other in self.slots.values():
             if other.state == "running" and other.host == slot.host:
                 other.state = "stopping"
+                other.why = "its host was blacklisted"
                 say(f"stopping the worker on slot {other.id}: its host is blacklisted")
                 self._signal_worker(other, signal.SIGTERM)
 
     # ------------------------------------------------------------ running
     def _start(self) -> None:
+        hosts = self._discover_hosts()
+        remote = [h for h in hosts if not self._is_local(h)]
+        infos: Dict[str, HostInfo] = {}
+        if remote:
+            self._host_state.update({h: "checking" for h in remote})
+            infos = self._check_hosts(remote, self._child_env("worker", 0, ""))
+        if self._signal is not None:
+            return  # Ctrl-C while the machines were being checked: start nothing
+        # With other machines in the job (or an interface named), every service of the job
+        # listens on the address they reach this machine at; else on --host-addr.
+        self.host_addr = self.remote.advertised_address(infos, remote, self.host_addr)
+        if remote or self.interface:
+            say(f"rendezvous, schedulers and servers at {self.host_addr}")
         self._open_service()
-        hosts = discovery.discover(self.script)
         with self.cond:
             self._apply_discovery(hosts, limit=self.initial_np)
+
+    # ------------------------------------------------------------ hosts
+    def _discover_hosts(self) -> Dict[str, int]:
+        """The hosts now: the fixed ones (-H/--hostfile) or the script's (may raise)."""
+        if self.fixed_hosts is not None:
+            return dict(self.fixed_hosts)
+        return discovery.discover(self.script)
+
+    def _is_local(self, host: str) -> bool:
+        """Whether ``host`` is this machine (its workers start without ssh); resolved once
+        per name, bounded in time."""
+        if host in self.local_names:
+            return True
+        known = self._locality.get(host)
+        if known is None:
+            known = is_local_host(host)
+            self._locality[host] = known
+        return known
+
+    def _check_hosts(self, hosts: Sequence[str], env: Dict[str, str]) -> Dict[str, HostInfo]:
+        """Checks each remote host (in parallel, bounded) with a worker's environment
+        ``env``; a host that fails is left out of the job, said with its problem. Returns
+        the hosts that passed."""
+        infos: Dict[str, HostInfo] = {}
+        lock = threading.Lock()
+
+        def one(host: str) -> None:
+            try:
+                info = self.remote.check([host], env)[host]
+            except FastPSError as exc:
+                problem = str(exc).splitlines()[-1].strip()
+                with self.cond:
+                    self._host_state[host] = problem
+                say(
+                    f"{problem}: its slots are left out of the job (checked again if it "
+                    "leaves the discovery output and comes back)"
+                )
+                return
+            with lock:
+                infos[host] = info
+            with self.cond:
+                self._host_state[host] = "ok"
+                self.cond.notify_all()
+
+        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return infos
+
+    def _check_later(self, host: str) -> None:
+        """Starts the check of a host that appeared in the discovery output; its slots are
+        used once it passes (at a later run of the discovery)."""
+        self._host_state[host] = "checking"
+        say(f"checking new host {host_label(host)}")
+        env = self._child_env("worker", 0, "")  # here: _spawn_with changes what it returns
+        threading.Thread(
+            target=self._check_hosts, args=([host], env), name="fastps-host-check", daemon=True
+        ).start()
+
+    def _usable_hosts(self, hosts: Mapping[str, int]) -> Dict[str, int]:
+        """The hosts of a discovery output whose slots may get workers now."""
+        for host in list(self._host_state):
+            if host not in hosts and self._host_state[host] != "checking":
+                del self._host_state[host]  # gone: checked again if it comes back
+        usable: Dict[str, int] = {}
+        for host, n in hosts.items():
+            if self._is_local(host):
+                usable[host] = n
+                continue
+            state = self._host_state.get(host)
+            if state == "ok":
+                usable[host] = n
+            elif state is not None:
+                continue  # being checked, or left out (said)
+            elif is_loopback_host(self.host_addr):
+                if host not in self._refused_hosts:
+                    self._refused_hosts.add(host)
+                    say(
+                        f"host {host_label(host)} from the discovery script ignored: the job's "
+                        f"services listen on {self.host_addr}, which other machines cannot "
+                        "reach (every host it printed at the start was this machine); give "
+                        "--network-interface to let other machines join later"
+                    )
+            else:
+                self._check_later(host)
+        return usable
 
     def _monitor(self) -> int:
         next_discovery = time.monotonic() + self.discovery_interval
@@ -373,12 +535,14 @@ class ElasticLauncher(Launcher):
             if slot.state != "running":
                 continue
             slot.state = "failed"
+            slot.why = f"lost in generation {generation}: {reason}"
             slot.child.reported = True
             self._host_update(added=False)
             self.failure_at = now
             self.waiting.pop(slot.id, None)
+            label = self._worker_label(slot.child)
             say(
-                f"worker on slot {slot.id} (rank {rank}, pid {slot.child.pid}) lost: {reason}; "
+                f"worker on slot {slot.id} (rank {rank}, {label}) lost: {reason}; "
                 "the job goes on without it"
             )
             self._signal_worker(slot, signal.SIGTERM)
@@ -398,16 +562,19 @@ class ElasticLauncher(Launcher):
             s.child.reported = True
             if s.state == "stopping":
                 s.state = "removed"
+                s.why = s.why or "stopped by fastpsrun"
             elif rc == 0:
                 s.state = "done"
                 if s.id in self.members:
                     self.finishing = True
             elif s.spare:
                 s.state = "failed"  # not in any generation: nobody's operations fail
+                s.why = describe_exit(rc)
                 label = self._worker_label(s.child)
                 say(f"spare worker on slot {s.id} ({label}) {describe_exit(rc)}")
             else:
                 s.state = "failed"
+                s.why = describe_exit(rc)
                 self._host_update(added=False)
                 self.failure_at = now
                 say(f"worker on slot {s.id} ({self._worker_label(s.child)}) {describe_exit(rc)}")
@@ -427,7 +594,9 @@ class ElasticLauncher(Launcher):
     def _discover(self) -> Optional[Dict[str, int]]:
         """The discovery script's hosts, or None (said once) when it fails."""
         try:
-            hosts = discovery.discover(self.script)
+            hosts = self._discover_hosts()
+            for host in hosts:
+                self._is_local(host)  # resolved here, outside the lock
         except FastPSError as exc:
             if str(exc) != self._discovery_error:
                 say(f"{exc}; keeping the current hosts")
@@ -437,21 +606,13 @@ class ElasticLauncher(Launcher):
         return hosts
 
     def _apply_discovery(self, hosts: Dict[str, int], limit: int) -> None:
-        usable = {}
-        for host, n in hosts.items():
-            if host in self.local_names:
-                usable[host] = n
-            elif host not in self._refused_hosts:
-                self._refused_hosts.add(host)
-                say(
-                    f"host {host!r} from the discovery script ignored: elastic mode starts "
-                    "workers on this machine only (docs/guide/elastic.md)"
-                )
+        usable = self._usable_hosts(hosts)
         offered = [f"{h}:{i}" for h, i in discovery.slots(usable)]
         hostof = {f"{h}:{i}": h for h, i in discovery.slots(usable)}
         for s in self.slots.values():
             if s.state == "running" and s.id not in hostof:
                 s.state = "stopping"
+                s.why = "its slot left the discovery output"
                 if not s.spare:
                     self._host_update(added=False)
                 say(f"slot {s.id} left the discovery output: stopping its worker")
@@ -655,6 +816,8 @@ class ElasticLauncher(Launcher):
             }
         self.generation = g
         self.members = [s.id for s in order]
+        for s in order:
+            s.joined.add(g)
         self.gen_epoch = self.epoch
         # Spares not seated keep waiting for the next failure.
         self.waiting = {k: t for k, t in self.waiting.items() if self.slots[k].spare}
@@ -672,6 +835,10 @@ class ElasticLauncher(Launcher):
         import sys
 
         return sys.executable
+
+    def _terminate_all(self) -> None:
+        self.remote.hang_up_all(self.children)  # EOF: each agent stops its process group
+        super()._terminate_all()
 
     def _stop_generation(self) -> None:
         """Stops the current generation's scheduler and servers (its workers left it)."""
@@ -701,6 +868,7 @@ class ElasticLauncher(Launcher):
         for sched in self.schedulers:
             sched.stop()
             sched.join(timeout=3.0)
+        self.remote.sweep(self.job_id)  # what is left of the job on the other machines
 
     # ------------------------------------------------------------ rendezvous service
     def _open_service(self) -> None:
@@ -785,12 +953,43 @@ class ElasticLauncher(Launcher):
         timeout, too, bounds the wait for enough hosts, not for a process."""
         return max(self.elastic_timeout, self.timeout)
 
+    def _fence(self, slot_id: str, slot: Optional[_Slot], after: int) -> Optional[str]:
+        """Why a rendezvous request from ``slot_id`` that last joined generation ``after``
+        is refused (None: it is not): its worker left the job (it was lost, exited or was
+        stopped; a hung process that runs again, or one whose host's link healed, asks
+        afterwards), or the request comes from an earlier process on a slot whose worker
+        was started again (it names a generation the current process never joined)."""
+        if slot is None:
+            return f"slot {slot_id!r} is not a worker of this job (no worker was started on it)"
+        if slot.state == "running" and (after < 0 or after in slot.joined):
+            return None
+        if slot.state == "running":
+            why = (
+                f"a newer worker runs on the slot; this process last joined generation {after}, "
+                "which the newer one never did"
+            )
+        else:
+            why = f"its worker left the job ({slot.why or slot.state})"
+        message = (
+            f"slot {slot_id!r} is not a worker of this job: {why}; the job went on without "
+            f"this process (now in generation {self.generation}), which must exit"
+        )
+        if (slot_id, slot.seq) not in self._fenced_said:
+            self._fenced_said.add((slot_id, slot.seq))
+            say(
+                f"fenced: a process of slot {slot_id} asked to join after generation {after}; "
+                f"refused: {why}"
+            )
+        return message
+
     def _rendezvous(self, slot_id: str, after: int, in_place: bool = False) -> Dict[str, Any]:
         deadline = time.monotonic() + self.rendezvous_timeout + 10.0
         with self.cond:
             slot = self.slots.get(slot_id)
-            if slot is None or slot.state != "running":
-                return {"type": "error", "message": f"slot {slot_id!r} is not a worker of this job"}
+            refusal = self._fence(slot_id, slot, after)
+            if refusal is not None:
+                return {"type": "error", "message": refusal}
+            assert slot is not None
             self.waiting.setdefault(slot_id, time.monotonic())
             if in_place:
                 self.in_place_asks.add(slot_id)
