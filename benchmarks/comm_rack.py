@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rack_common as rc  # noqa: E402
+from benchmarks.cpu_account import MachineCpuSampler  # noqa: E402
 from benchmarks.rack import linkstat  # noqa: E402
 
 SYSTEMS = ("fastps", "gloo", "mxnet")
@@ -67,6 +68,8 @@ FIELDS = [
     "bound_nominal_s",
     "frac_bound_nominal",
     "allreduce_bound_s",
+    "cpu_s_per_iter",
+    "mb_per_cpu_s",
     "status",
     "note",
 ]
@@ -333,6 +336,7 @@ class Runner:
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"comm-{system}-"))
             samples = self.sample_links(stack, f"{system}-{model}-n{n}-k{k}")
+            cpu = stack.enter_context(MachineCpuSampler())
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
                 # Defaults: each process reads its host's link rate (the htb class here)
@@ -349,6 +353,7 @@ class Runner:
                 raise ValueError(system)
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
             times, why = _collect(Path(tmp), n)
+            cpu_s = _cpu_per_iter(cpu, Path(tmp), args.iters)
             if samples is not None:  # the workers' iteration spans beside the samples
                 spans = {r: res.get("spans", []) for r, res in rc.read_results(Path(tmp)).items()}
                 samples.with_suffix(".spans.json").write_text(json.dumps(spans))
@@ -360,14 +365,29 @@ class Runner:
                 print("    " + "\n    ".join(err.splitlines()[-25:]), flush=True)
             return self.row(model, system, n, k, None, status)
         row = self.row(model, system, n, k, times, "ok", f"wall {wall:.0f} s")
+        if cpu_s:
+            row.update(cpu_s_per_iter=cpu_s, mb_per_cpu_s=row["model_mb"] / cpu_s)
         print(
             f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
             f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
             f"({row['bound_s']:.3f} s), {100 * row['frac_bound_nominal']:.0f}% of nominal "
-            f"bound ({row['bound_nominal_s']:.3f} s) [{wall:.0f} s wall]",
+            f"bound ({row['bound_nominal_s']:.3f} s), "
+            f"{row.get('mb_per_cpu_s', float('nan')):.0f} MB per CPU-s [{wall:.0f} s wall]",
             flush=True,
         )
         return row
+
+
+def _cpu_per_iter(cpu: MachineCpuSampler, out_dir: Path, iters: int) -> Optional[float]:
+    """Machine CPU seconds per timed iteration: each timed iteration spans from the first
+    worker's start to the last worker's end (workers report wall-clock spans)."""
+    spans = [r.get("spans") for r in rc.read_results(out_dir).values()]
+    if not spans or not all(spans) or iters < 1:
+        return None
+    timed = [s[-iters:] for s in spans]
+    windows = [(min(s[i][0] for s in timed), max(s[i][1] for s in timed)) for i in range(iters)]
+    busy = cpu.busy_in(windows)
+    return busy / iters if busy else None
 
 
 def _first_error(err: str) -> str:
@@ -382,20 +402,20 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
     print()
     print(
         f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
-        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s}  status"
+        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s} {'MB/CPU-s':>8s}  status"
     )
     for r in rows:
         if "time_s" in r:
             print(
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} "
                 f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
-                f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}%  "
-                f"{r['status']} {r['note']}"
+                f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}% "
+                f"{r.get('mb_per_cpu_s', float('nan')):8.0f}  {r['status']} {r['note']}"
             )
         else:
             print(
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
-                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s}  {r['status']}"
+                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s}  {r['status']}"
             )
 
 
@@ -468,6 +488,9 @@ def orchestrate(args: argparse.Namespace) -> int:
                             )
                             if "time_s" in base:
                                 r.update(time_min_s=base["time_min_s"], iters=base["iters"])
+                                for col in ("cpu_s_per_iter", "mb_per_cpu_s"):
+                                    if col in base:
+                                        r[col] = base[col]
                             rows.append(r)
                             continue
                         rows.append(runner.run_one(system, model, n, k, pythons[system]))
