@@ -1,0 +1,89 @@
+"""The A/B guard's parts (benchmarks/ab_rack.py) and the machine CPU accounting it reports
+(benchmarks/cpu_account.py): a revision's build is what the runs import, cells are read
+and paired as documented, and CPU inside wall-clock spans is interpolated from samples."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks import ab_rack
+from benchmarks.cpu_account import MachineCpuSampler, machine_busy_seconds
+
+
+def test_cells_are_read_and_failed_rows_left_out(tmp_path: Path) -> None:
+    out = tmp_path / "comm.csv"
+    out.write_text(
+        "# commit: abc\n"
+        "model,system,n,k,time_s,frac_bound,status\n"
+        "resnet50,fastps,4,0,1.30,0.98,ok\n"
+        "resnet50,fastps,4,4,,,failed: results from [0] of 4 workers\n"
+        "resnet50,fastps,4,2,1.05,0.97,ok\n"
+    )
+    cells = ab_rack.read_cells(out, ("model", "system", "n", "k"), "time_s", "frac_bound")
+    assert cells == {
+        ("resnet50", "fastps", "4", "0"): (1.30, 0.98),
+        ("resnet50", "fastps", "4", "2"): (1.05, 0.97),
+    }
+
+
+def test_bad_settings_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ab_rack.main(["--a", "HEAD", "--b", "HEAD", "--b-env", "FASTPS_PARTITION_BYTES"])
+    assert "FASTPS_PARTITION_BYTES" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab_rack.main(["--a", "HEAD", "--b", "HEAD", "--repeats", "0"])
+    assert "--repeats must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="not-a-revision"):
+        ab_rack.resolve("not-a-revision")
+
+
+def test_worktree_is_a_commit_and_leaves_the_tree_alone() -> None:
+    before = subprocess.run(
+        ["git", "-C", str(ab_rack.REPO), "status", "--porcelain"], capture_output=True, text=True
+    ).stdout
+    sha, label = ab_rack.resolve("WORKTREE")
+    assert label == "worktree" and len(sha) == 40
+    after = subprocess.run(
+        ["git", "-C", str(ab_rack.REPO), "status", "--porcelain"], capture_output=True, text=True
+    ).stdout
+    assert after == before
+
+
+def test_the_bare_interpreter_imports_the_revision_on_pythonpath(tmp_path: Path) -> None:
+    # A stand-in for a revision's built package: the runs must import it, not this tree's
+    # (editable) fastps, while still seeing this interpreter's other packages.
+    site = tmp_path / "site" / "fastps"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("REVISION = 'under test'\n")
+    py = ab_rack.bare_python(tmp_path / "cache")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "PYTHONNOUSERSITE": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    code = "import fastps, numpy; print(fastps.REVISION, numpy.__name__)"
+    out = subprocess.run(
+        [str(py), "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path)
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["under", "test", "numpy"]
+
+
+def test_machine_cpu_inside_spans_is_interpolated() -> None:
+    s = MachineCpuSampler()
+    s.samples = [(10.0, 100.0), (11.0, 101.5), (12.0, 102.0), (13.0, 104.0)]
+    # 10.5 -> 100.75, 11.5 -> 101.75: one second of wall time, one CPU-second busy.
+    assert s.busy_in([(10.5, 11.5)]) == pytest.approx(1.0)
+    assert s.busy_in([(10.0, 11.0), (12.0, 13.0)]) == pytest.approx(3.5)
+    assert s.busy_in([(9.0, 11.0)]) is None  # outside the samples: no figure, not a guess
+
+
+def test_machine_busy_seconds_grow_with_work() -> None:
+    with MachineCpuSampler(interval=0.01) as s:
+        a = machine_busy_seconds()
+        x = 0
+        for i in range(2_000_000):  # about 0.1 s of one core
+            x += i
+        b = machine_busy_seconds()
+    assert b > a and len(s.samples) >= 2
