@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <tuple>
 
@@ -14,6 +15,7 @@
 #include "common/trace.h"
 #include "compression/part_codec.h"
 #include "kernels/sum.h"
+#include "server/outer_optimizer.h"
 #include "server/server.h"
 #include "worker/partitioner.h"
 #include "worker/push_scheduler.h"
@@ -107,6 +109,68 @@ void bind_errors(py::module_& m) {
   py::register_exception<TimeoutError>(m, "CoreTimeoutError", errors.attr("FastPSTimeoutError"));
   py::register_exception<AbortError>(m, "CoreAbort", errors.attr("FastPSAbort"));
 }
+// Local SGD / DiLoCo (server/outer_optimizer.h): the in-band OuterHeader the workers put in
+// front of each part (protocol/messages.h), and the servers' update rule itself (a single
+// worker, which has no servers, applies it locally).
+void bind_outer(py::module_& m) {
+  m.attr("OUTER_HEADER_BYTES") = sizeof(OuterHeader);
+  m.attr("OUTER_INIT") = kOuterInit;
+  m.attr("OUTER_DELTA") = kOuterDelta;
+  m.attr("OUTER_PARAMS") = kOuterParams;
+  m.def(
+      "outer_header",
+      [](uint32_t kind, uint64_t round, double lr, double momentum, bool nesterov, uint64_t tensor,
+         uint32_t part) {
+        OuterHeader h{};
+        h.magic = kOuterMagic;
+        h.kind = kind;
+        h.flags = nesterov ? kOuterNesterov : 0;
+        h.round = round;
+        h.lr = lr;
+        h.momentum = momentum;
+        h.tensor = tensor;
+        h.part = part;
+        h.check = outer_check(h);
+        return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
+      },
+      py::arg("kind"), py::arg("round"), py::arg("lr"), py::arg("momentum"), py::arg("nesterov"),
+      py::arg("tensor"), py::arg("part"));
+  // None when the bytes hold no valid header.
+  m.def("parse_outer_header", [](const py::bytes& b) -> py::object {
+    std::string s = b;
+    OuterHeader h;
+    if (s.size() < sizeof h) return py::none();
+    std::memcpy(&h, s.data(), sizeof h);
+    if (h.magic != kOuterMagic || h.check != outer_check(h)) return py::none();
+    py::dict d;
+    d["kind"] = h.kind;
+    d["round"] = h.round;
+    d["lr"] = h.lr;
+    d["momentum"] = h.momentum;
+    d["nesterov"] = (h.flags & kOuterNesterov) != 0;
+    d["tensor"] = h.tensor;
+    d["part"] = h.part;
+    return std::move(d);
+  });
+  m.def("outer_config_error", [](double lr, double momentum, bool nesterov) {
+    return outer_config_error(OuterConfig{lr, momentum, nesterov});
+  });
+  py::class_<OuterOptimizer>(m, "OuterOptimizer")
+      .def(py::init([](double lr, double momentum, bool nesterov) {
+             return OuterOptimizer(OuterConfig{lr, momentum, nesterov});
+           }),
+           py::arg("lr"), py::arg("momentum"), py::arg("nesterov"))
+      // params, mean_delta: addresses of `count` float64 values.
+      .def(
+          "step",
+          [](OuterOptimizer& o, uintptr_t params, uintptr_t mean_delta, size_t count) {
+            py::gil_scoped_release nogil;
+            o.step(static_cast<double*>(as_ptr(params)),
+                   static_cast<const double*>(as_ptr(mean_delta)), count);
+          },
+          py::arg("params"), py::arg("mean_delta"), py::arg("count"))
+      .def("steps", &OuterOptimizer::steps);
+}
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -136,6 +200,7 @@ PYBIND11_MODULE(_core, m) {
     return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
   });
   m.def("tensor_id", &tensor_id_of);
+  bind_outer(m);
   // The worker's push order and limits, for the simulator: it feeds the real scheduler
   // tickets (priority, tensor, part, server, len, tag) and tells it what was written and
   // answered, so simulated pushes follow the same urgency, credit and window rules. Times

@@ -3,6 +3,7 @@
 // end indexes a part's state by.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "transport/wire.h"
 
@@ -22,6 +23,45 @@ enum class MsgType : uint8_t {
   kNudge = 11,       // server -> worker: every other copy of this part is in; push it next
                      // (len 0; round: the round the server is waiting to close)
 };
+
+// Local SGD / DiLoCo (docs/guide/local-sgd.md, server/outer_optimizer.h): the async pushes of
+// a part whose outer step runs on its server carry this header in front of the part's
+// elements, in both directions (the worker core does not know the mode, so it travels
+// in-band). Rank 0's init (kFlagAsyncInit, kind kOuterInit) names the outer optimizer; each
+// update (kFlagAsync, kind kOuterDelta) is one worker's delta of outer round `round`; every
+// answer (kind kOuterParams) holds the parameters after `round` outer steps. `check` mixes the
+// other fields, so an ordinary async parameter whose bytes begin with the magic is not taken
+// for an outer one.
+constexpr uint64_t kOuterMagic = 0x31525455'4F535046ull;  // "FPSOUTR1"
+constexpr uint32_t kOuterInit = 1;
+constexpr uint32_t kOuterDelta = 2;
+constexpr uint32_t kOuterParams = 3;
+constexpr uint32_t kOuterNesterov = 1;  // OuterHeader.flags
+struct OuterHeader {
+  uint64_t magic;
+  uint32_t kind;
+  uint32_t flags;
+  uint64_t round;
+  double lr;
+  double momentum;
+  uint64_t tensor;  // the part it travels in: a header copied to another part is refused
+  uint32_t part;
+  uint32_t reserved;
+  uint64_t check;
+};
+static_assert(sizeof(OuterHeader) == 64, "outer header layout");
+// Fills in or verifies OuterHeader.check: a 64-bit mix of every other field.
+inline uint64_t outer_check(const OuterHeader& h) {
+  uint64_t w[8];
+  std::memcpy(w, &h, sizeof w);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 7; ++i) {  // every word but the check itself
+    x ^= w[i] + 0x9E3779B97F4A7C15ull + (x << 6) + (x >> 2);
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+  }
+  return x;
+}
 
 // The key of a part on both ends of the wire: tensor id mixed with the part
 // index. Workers and servers index their per-part state by it, so it must be

@@ -1,6 +1,7 @@
 #include "server/param_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "common/dtype.h"
@@ -9,6 +10,21 @@
 #include "transport/link.h"
 
 namespace fastps {
+
+namespace {
+// The OuterHeader in front of a pushed part, if it carries a valid one.
+bool read_outer(const Payload& data, const FrameHeader& h, OuterHeader* oh) {
+  if (h.len < sizeof(OuterHeader) || data.empty()) return false;
+  std::memcpy(oh, data.data, sizeof(OuterHeader));
+  return oh->magic == kOuterMagic && oh->check == outer_check(*oh);
+}
+
+std::string part_text(const FrameHeader& h) {
+  std::ostringstream os;
+  os << "part " << h.part << " of tensor id " << h.tensor;
+  return os.str();
+}
+}  // namespace
 
 ParamStore::ParamStore(uint32_t num_workers, int64_t staleness, uint32_t server_id)
     : num_workers_(num_workers), staleness_(staleness), server_id_(server_id) {}
@@ -74,6 +90,16 @@ std::string ParamStore::handle(const std::shared_ptr<Connection>& conn, const Fr
            << h.sender << ": only rank 0 sets the initial parameters";
         return os.str();
       }
+      OuterHeader oh;
+      if (read_outer(data, h, &oh) && oh.kind == kOuterInit)
+        return init_outer(p, conn, h, data, oh);
+      if (p.outer) {
+        std::ostringstream os;
+        os << "async init of " << part_text(h)
+           << " without an outer header: the part is trained with an outer optimizer "
+              "(local SGD / DiLoCo); reinitialize it through the same algorithm";
+        return os.str();
+      }
       // Rank 0's value; a later init (a restored checkpoint) replaces it.
       p.value.assign(data.data, data.data + h.len);
       p.dtype = h.dtype;
@@ -90,6 +116,7 @@ std::string ParamStore::handle(const std::shared_ptr<Connection>& conn, const Fr
       p.for_value.clear();
       return "";
     }
+    if (!p.ready && !p.refused.empty()) return p.refused;  // rank 0's init will not come
     if (!p.ready) {
       p.for_value.push_back(Waiter{conn, h, 0});
       return "";
@@ -113,6 +140,7 @@ std::string ParamStore::handle(const std::shared_ptr<Connection>& conn, const Fr
     answer(p, conn, h);
     return "";
   }
+  if (p.outer) return update_outer(p, conn, h, data);
   sum_into(p.value.data(), data.data, h.len / dtype_size(static_cast<DType>(h.dtype)),
            static_cast<DType>(h.dtype));
   updates_++;
@@ -128,6 +156,133 @@ std::string ParamStore::handle(const std::shared_ptr<Connection>& conn, const Fr
       held_answers_++;  // this worker is more than s updates ahead: it waits
       break;
     }
+  return "";
+}
+
+std::string ParamStore::init_outer(Part& p, const std::shared_ptr<Connection>& conn,
+                                   const FrameHeader& h, const Payload& data,
+                                   const OuterHeader& oh) {
+  auto dt = static_cast<DType>(h.dtype);
+  std::ostringstream os;
+  os << "outer-optimizer init of " << part_text(h) << " from worker " << h.sender << ": ";
+  OuterConfig cfg{oh.lr, oh.momentum, (oh.flags & kOuterNesterov) != 0};
+  std::string bad = outer_config_error(cfg);
+  if (oh.tensor != h.tensor || oh.part != h.part)
+    os << "its header names part " << oh.part << " of tensor id " << oh.tensor;
+  else if (!bad.empty())
+    os << bad;
+  else if (!outer_dtype_ok(dt))
+    os << "dtype " << dtype_name(dt) << " is not a float type";
+  else if (h.len == sizeof(OuterHeader))
+    os << "the part holds no elements after its header";
+  else
+    os.str("");
+  if (!os.str().empty()) {
+    // The other workers' inits wait for this value: they would wait until their timeout.
+    for (auto& w : p.for_value) refuse(w.conn, w.hdr, os.str());
+    p.for_value.clear();
+    if (!p.ready) p.refused = os.str();
+    return os.str();
+  }
+  p.refused.clear();
+  if (p.outer && !p.outer->waiting.empty()) {
+    std::ostringstream why;
+    why << "rank 0 replaced the parameters of " << part_text(h) << " during outer round "
+        << p.outer->round << " (a new init)";
+    fail_round(p, why.str());
+  }
+  size_t count = (h.len - sizeof(OuterHeader)) / dtype_size(dt);
+  auto outer = std::make_unique<Outer>(cfg);
+  outer->params.resize(count);
+  to_double(data.data + sizeof(OuterHeader), dt, count, outer->params.data());
+  outer->acc.assign(count, 0.0);
+  outer->pushed.assign(num_workers_, false);
+  outer->round = oh.round;  // the workers' outer round goes on across a re-init
+  p.outer = std::move(outer);
+  p.value.assign(data.data, data.data + h.len);
+  OuterHeader ans = oh;
+  ans.kind = kOuterParams;
+  ans.check = outer_check(ans);
+  std::memcpy(p.value.data(), &ans, sizeof ans);
+  p.dtype = h.dtype;
+  p.tensor_bytes = h.tensor_bytes;
+  p.ready = true;
+  answer(p, conn, h);
+  for (auto& w : p.for_value) {
+    std::string mismatch = check(p, w.hdr);
+    if (mismatch.empty())
+      answer(p, w.conn, w.hdr);
+    else
+      refuse(w.conn, w.hdr, mismatch);
+  }
+  p.for_value.clear();
+  return "";
+}
+
+void ParamStore::fail_round(Part& p, const std::string& msg) {
+  Outer& o = *p.outer;
+  for (auto& w : o.waiting) refuse(w.conn, w.hdr, msg);
+  o.waiting.clear();
+  std::fill(o.acc.begin(), o.acc.end(), 0.0);
+  std::fill(o.pushed.begin(), o.pushed.end(), false);
+  o.count = 0;
+}
+
+std::string ParamStore::update_outer(Part& p, const std::shared_ptr<Connection>& conn,
+                                     const FrameHeader& h, const Payload& data) {
+  Outer& o = *p.outer;
+  OuterHeader oh;
+  std::ostringstream os;
+  if (!read_outer(data, h, &oh) || oh.kind != kOuterDelta)
+    os << "async update of " << part_text(h) << " from worker " << h.sender
+       << " carries no outer delta header, but the part is trained with an outer optimizer "
+          "(local SGD / DiLoCo): push its deltas through that algorithm";
+  else if (oh.tensor != h.tensor || oh.part != h.part)
+    os << "outer delta for " << part_text(h) << " from worker " << h.sender
+       << ": its header names part " << oh.part << " of tensor id " << oh.tensor;
+  else if (oh.round != o.round)
+    os << "worker " << h.sender << " pushed its delta of outer round " << oh.round << " for "
+       << part_text(h) << ", but the server is in round " << o.round
+       << " (every worker must take the same outer steps)";
+  else if (o.pushed[h.sender])
+    os << "worker " << h.sender << " pushed " << part_text(h) << " twice in outer round "
+       << o.round;
+  if (!os.str().empty()) {
+    // The round cannot complete any more: tell its other pushers now, not at their timeout.
+    fail_round(p, os.str());
+    return os.str();
+  }
+  auto dt = static_cast<DType>(h.dtype);
+  add_as_double(data.data + sizeof(OuterHeader), dt, o.acc.size(), o.acc.data());
+  o.pushed[h.sender] = true;
+  o.count++;
+  o.waiting.push_back(Waiter{conn, h, o.round});
+  updates_++;
+  if (o.count < num_workers_) return "";
+  for (double& d : o.acc) d /= num_workers_;  // the mean delta
+  o.opt.step(o.params.data(), o.acc.data(), o.params.size());
+  o.round++;
+  outer_steps_++;
+  OuterHeader ans;
+  std::memcpy(&ans, p.value.data(), sizeof ans);
+  ans.round = o.round;
+  ans.check = outer_check(ans);
+  std::memcpy(p.value.data(), &ans, sizeof ans);
+  from_double(o.params.data(), o.params.size(), dt, p.value.data() + sizeof(OuterHeader));
+  // One snapshot for every answer: the value changes only at the next round's end.
+  auto snap = std::make_shared<std::vector<char>>(p.value);
+  for (auto& w : o.waiting) {
+    FrameHeader r = w.hdr;
+    r.type = static_cast<uint8_t>(MsgType::kResult);
+    r.sender = server_id_;
+    r.flags = 0;
+    r.pushers = 0;
+    Link(w.conn, false).send(r, Payload::memory(snap->data(), snap->size(), snap));
+  }
+  o.waiting.clear();
+  std::fill(o.acc.begin(), o.acc.end(), 0.0);
+  std::fill(o.pushed.begin(), o.pushed.end(), false);
+  o.count = 0;
   return "";
 }
 

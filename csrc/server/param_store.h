@@ -7,6 +7,10 @@
 // clock; the answer to a worker's update at clock c is held until every worker's clock is
 // at least c - s, so no worker runs more than s updates ahead of the slowest; s = 0 makes
 // the answer the parameters after every worker's c-th update (synchronous), s < 0 never holds.
+// Outer-optimizer parts (local SGD / DiLoCo, server/outer_optimizer.h): rank 0's init carries
+// an OuterHeader (protocol/messages.h) in front of the part; from then on the part's updates
+// are synchronous rounds of every worker's delta, answered once all n are in with the
+// parameters after the outer step. They ignore the staleness bound.
 // Owned by one engine thread (no lock).
 #pragma once
 #include <cstdint>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "protocol/messages.h"
+#include "server/outer_optimizer.h"
 #include "transport/payload.h"
 #include "transport/tcp.h"
 
@@ -30,12 +35,24 @@ class ParamStore {
                      const Payload& data);
   uint64_t updates() const { return updates_; }
   uint64_t held_answers() const { return held_answers_; }
+  uint64_t outer_steps() const { return outer_steps_; }
 
  private:
   struct Waiter {
     std::shared_ptr<Connection> conn;
     FrameHeader hdr;
     uint64_t clock;
+  };
+  // An outer-optimizer part's state beside its value (value = OuterHeader + elements).
+  struct Outer {
+    explicit Outer(const OuterConfig& c) : opt(c) {}
+    OuterOptimizer opt;
+    std::vector<double> params;  // float64 master copy: the answers are it, rounded
+    std::vector<double> acc;     // this round's sum of deltas
+    std::vector<bool> pushed;    // by rank: its delta of this round is in
+    uint32_t count = 0;
+    uint64_t round = 0;           // outer steps done
+    std::vector<Waiter> waiting;  // this round's pushers
   };
   struct Part {
     std::vector<char> value;
@@ -45,10 +62,19 @@ class ParamStore {
     std::vector<uint64_t> clock;    // by rank: updates applied
     std::vector<Waiter> held;       // update answers waiting for the slowest (SSP)
     std::vector<Waiter> for_value;  // init pushes waiting for rank 0's value
+    std::unique_ptr<Outer> outer;   // set: an outer-optimizer part
+    std::string refused;            // why rank 0's outer init was refused (until a good one)
   };
   std::string check(const Part& p, const FrameHeader& h) const;
   void answer(const Part& p, const std::shared_ptr<Connection>& conn, const FrameHeader& h) const;
   void release(Part& p);
+  // Outer-optimizer parts: rank 0's init with its header `oh`, and a worker's delta.
+  std::string init_outer(Part& p, const std::shared_ptr<Connection>& conn, const FrameHeader& h,
+                         const Payload& data, const OuterHeader& oh);
+  std::string update_outer(Part& p, const std::shared_ptr<Connection>& conn, const FrameHeader& h,
+                           const Payload& data);
+  // Refuses every pusher waiting on this round of an outer part and starts the round again.
+  void fail_round(Part& p, const std::string& msg);
   // Tells a waiting worker its push cannot be served (kError, like the engine's refusals).
   void refuse(const std::shared_ptr<Connection>& conn, const FrameHeader& h,
               const std::string& msg) const;
@@ -59,6 +85,7 @@ class ParamStore {
   std::unordered_map<uint64_t, Part> parts_;
   uint64_t updates_ = 0;
   uint64_t held_answers_ = 0;
+  uint64_t outer_steps_ = 0;
 };
 
 }  // namespace fastps

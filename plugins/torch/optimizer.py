@@ -47,6 +47,8 @@ from fastps.elastic import inplace as _inplace
 from fastps.errors import FastPSError
 from fastps.torch import timeline_events as _tl
 from fastps.torch.adasum_optimizer import _AdasumMixin, adasum_optimizer
+from fastps.torch.algorithms.runner import Runner
+from fastps.torch.algorithms.runner import resolve as _resolve_algorithm
 from fastps.torch.async_optimizer import async_requested, make_async_optimizer
 from fastps.torch.compression import Compression, is_core
 from fastps.torch.cross_barrier import CrossBarrier, choose, enabled, explicit, quiet
@@ -254,6 +256,9 @@ class _GradientSync:
         self.waited: List[_Entry] = []
         self.rounds = 0  # rounds applied by step(), caught-up ones included
         self.cross: Optional[CrossBarrier] = None  # set by DistributedOptimizer
+        # A training algorithm other than plain averaging (algorithms/runner.py); it then
+        # also replaces _start and _plan_fusion on this object.
+        self.runner: Optional[Runner] = None
         # Tensor fusion of the small gradients (core/worker/fusion_plan.py, set by _plan_fusion).
         self.fusion = FusionPlan(f"optimizer.{self.sync_id}")
         # nn.Linear weights that may travel as sufficient factors (sfb.py); set by
@@ -622,6 +627,10 @@ class _GradientSync:
             finally:
                 for e in pending:
                     e.drop()  # after a failure: forget what was not waited for
+                if self.runner is not None:
+                    self.runner.discard()  # the next round starts afresh, failed or not
+            if self.runner is not None:
+                self.runner.after_backward()
             if pending and _api.quorum_catch_up():
                 # Rounds closed for every gradient (the least lag): the catch-up fetches
                 # them all alike. Any gradient off the fast path: no catch-up (-1).
@@ -700,6 +709,8 @@ class _GradientSync:
         with self.lock:
             if self.cross is not None:
                 self.cross.discard()  # their updates go with them (the state rolls back)
+            if self.runner is not None:
+                self.runner.discard()
             for e in self.entries:
                 e.drop()
                 e.deferred = False
@@ -777,6 +788,8 @@ class _DistributedMixin:
         sync.kept = {}
         result = super().step(closure)  # type: ignore[misc]
         sync.rounds += 1
+        if sync.runner is not None and sync.active:
+            sync.runner.after_step()
         _tl.end("optimizer applied", f"{len(sync.entries)} parameters", started)
         # Quorum rounds: the rounds that closed without this worker since the one just
         # applied are applied too, in turn, as every other replica did (docs/guide/async.md,
@@ -987,6 +1000,7 @@ def DistributedOptimizer(
     process_set: Any = None,
     cross_barrier: Optional[bool] = None,
     model: Optional[torch.nn.Module] = None,
+    algorithm: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Wraps ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
@@ -1015,6 +1029,12 @@ def DistributedOptimizer(
     factors instead of through the servers (``FASTPS_SFB=auto|on``, default off; see
     ``sfb.py`` and docs/guide/sfb.md).
 
+    ``algorithm``: a ``fastps.torch.algorithms.Algorithm`` (docs/guide/algorithms.md);
+    default: the one the optimizer names (``OneBitAdam``), else synchronous gradient
+    averaging (``GradientAveraging``, this function's own path). Another algorithm runs
+    with op=Average, synchronous steps (no cross-barrier), no tensor fusion and no
+    sufficient factors, and decides compression itself.
+
     ``async=True`` (``**{"async": True}``, or ``asynchronous=True``; default: FASTPS_MODE):
     asynchronous training against parameters the servers keep (``async_optimizer.py``,
     docs/guide/async.md); the other arguments then do not apply.
@@ -1022,6 +1042,10 @@ def DistributedOptimizer(
     The result is an instance of a subclass of ``type(optimizer)`` sharing its state.
     """
     if async_requested(kwargs, _api.mode() if _api.is_initialized() else "sync"):
+        if algorithm is not None:
+            raise ValueError(
+                f"DistributedOptimizer: algorithm={algorithm!r} cannot run asynchronously"
+            )
         return make_async_optimizer(optimizer, named_parameters)
     if isinstance(optimizer, (_DistributedMixin, _AdasumMixin)):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
@@ -1040,6 +1064,23 @@ def DistributedOptimizer(
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be positive")
     del num_groups, groups
+    compression, algo = _resolve_algorithm(algorithm, compression, optimizer)
+    if algo is not None:
+        if rop != Average:
+            raise FastPSError(
+                f"DistributedOptimizer: algorithm {algo.name} runs with op=Average only"
+            )
+        if _api.is_initialized() and _api.quorum_catch_up():
+            raise FastPSError(
+                f"DistributedOptimizer: algorithm {algo.name} cannot catch up on quorum rounds "
+                "(FASTPS_QUORUM_CATCH_UP)"
+            )
+        if enabled(cross_barrier) and explicit(cross_barrier):
+            warnings.warn(
+                f"fastps: cross-barrier updates off: algorithm {algo.name} steps synchronously",
+                stacklevel=2,
+            )
+        cross_barrier, model = False, None
     if rop == Adasum:
         if is_core(compression):
             raise FastPSError(
@@ -1130,5 +1171,26 @@ def DistributedOptimizer(
             )
     if deferred and sync.active:
         sync.cross = CrossBarrier(sync, wrapped, cls._step_on, explicit(cross_barrier))
+    if algo is not None:
+        _attach(sync, algo, wrapped)
     weakref.finalize(wrapped, sync.close)
     return wrapped
+
+
+def _no_fusion() -> None:
+    """An algorithm's exchanges are not the gradients a fusion plan would name."""
+
+
+def _attach(sync: _GradientSync, algo: Any, wrapped: Any) -> None:
+    """Hands the gradient hooks of ``sync`` to ``algo`` (algorithms/runner.py)."""
+    runner = Runner(algo, sync, wrapped)
+    try:
+        algo.setup(runner)
+    except BaseException:
+        sync.close()
+        raise
+    sync.runner = runner
+    # Instance attributes in front of the methods: the averaging path keeps its own code
+    # and pays nothing for the algorithm API.
+    sync._start = runner.start  # type: ignore[method-assign]
+    sync._plan_fusion = _no_fusion  # type: ignore[method-assign]

@@ -121,7 +121,14 @@ def test_connect_timeout_is_a_timeout_error() -> None:
 
 def _stub_names() -> set:
     tree = ast.parse(STUB.read_text())
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    # Module constants (``NAME: int``).
+    names |= {
+        n.target.id
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    return names
 
 
 def test_stub_lists_what_the_module_exports() -> None:

@@ -1,0 +1,264 @@
+"""Local SGD and DiLoCo on the core's data plane (docs/guide/local-sgd.md), for every plugin.
+
+The servers keep each parameter and the state of an *outer optimizer*
+(``csrc/server/outer_optimizer.h``): every H local steps each worker pushes the change of
+its parameters since the last outer step (its delta); once every worker's delta of the
+round is in, the server averages them, applies the outer step (plain averaging for local
+SGD; SGD with Nesterov momentum for DiLoCo) and answers every worker with the new
+parameters. One exchange both pushes and pulls.
+
+The exchanges are the async mode's pushes (``async_mode.py``) with a 64-byte header in front
+of every part (``OuterHeader`` in ``csrc/protocol/messages.h``): rank 0's init names the outer
+optimizer, each delta its outer round, each answer the rounds done. The worker core cuts a
+tensor into parts without knowing the mode, so this module lays each parameter out in a
+*framed* buffer whose parts (the core's own ``part_layout``) each begin with a header.
+
+Arrays are host memory (numpy float16/32/64); each parameter is named, the same on every
+worker. With one worker there is no server: the same rule runs locally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from fastps.errors import FastPSError
+from fastps.worker import api
+from fastps.worker.async_mode import MODE_INIT, MODE_READ, MODE_UPDATE
+from fastps.worker.buffers import raw_buffer
+
+__all__ = ["OuterConfig", "OuterExchange", "check_outer_config", "PREFIX"]
+
+# Tensor names of outer-optimizer parameters: apart from the async mode's, so a name can
+# never hold parts of both kinds on a server.
+PREFIX = "outer."
+_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def _core() -> Any:
+    from fastps import _core
+
+    return _core
+
+
+def check_outer_config(lr: Any, momentum: Any, nesterov: Any, who: str) -> None:
+    """Raises ValueError/TypeError naming the first setting the servers would refuse."""
+    for what, v in (("outer_lr", lr), ("momentum", momentum)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{who}: {what} must be a number, got {v!r}")
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"{who}: nesterov must be True or False, got {nesterov!r}")
+    # The servers' own check (outer_config_error), so both ends refuse with the same words.
+    bad = _core().outer_config_error(float(lr), float(momentum), nesterov)
+    if bad:
+        raise ValueError(f"{who}: {bad}")
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """The outer optimizer the servers run: ``lr`` 1 and ``momentum`` 0 is plain averaging
+    (local SGD); DiLoCo is ``lr`` 0.7, ``momentum`` 0.9, ``nesterov`` True."""
+
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        check_outer_config(self.lr, self.momentum, self.nesterov, "OuterConfig")
+
+
+class _Framed:
+    """One parameter laid out in outer frames: every part of the tensor ``PREFIX + name``
+    (as the worker core cuts it) is a header followed by the next slice of the
+    parameter's bytes; the last part's tail past the parameter is zero padding."""
+
+    def __init__(self, name: str, like: np.ndarray, worker: Any) -> None:
+        if like.dtype.type not in _DTYPES:
+            raise FastPSError(
+                f"outer parameter '{name}': dtype {like.dtype} is not supported "
+                "(float16, float32, float64)"
+            )
+        core = _core()
+        self.name = name
+        self.core_name = PREFIX + name
+        self.dtype = like.dtype
+        self.shape = like.shape
+        hdr = int(core.OUTER_HEADER_BYTES)
+        elem = like.dtype.itemsize
+        nbytes = like.nbytes
+        # The core cuts by the tensor's size, and the headers add to it: grow the framed
+        # size until every part has room for its header and one element at least, and the
+        # parts' room after their headers holds the whole parameter.
+        framed = nbytes + hdr
+        for _ in range(256):
+            spans = [
+                (int(o), int(n)) for o, n, _s in worker.part_layout(self.core_name, framed, elem)
+            ]
+            room = framed - hdr * len(spans)
+            shortest = min(n for _o, n in spans)
+            if room < nbytes:
+                framed += nbytes - room
+            elif shortest < hdr + elem:
+                # Slices by server weight grow in proportion to the whole: grow it enough.
+                framed += (hdr + elem - shortest) * max(1, framed // max(shortest, elem))
+            else:
+                break
+        else:  # pragma: no cover - the layout grows by whole parts; never seen
+            raise FastPSError(f"outer parameter '{name}': no part layout fits its headers")
+        self.spans = spans
+        self.tensor_id = int(core.tensor_id(self.core_name))
+        self.buf = np.zeros(framed // elem, dtype=like.dtype)
+        self.bytes = self.buf.view(np.uint8)
+        # (part index, framed offset of its data, parameter byte range) per part.
+        self.slices: List[Tuple[int, int, int, int]] = []
+        at = 0
+        for i, (off, n) in enumerate(spans):
+            take = max(0, min(n - hdr, nbytes - at))
+            self.slices.append((i, off + hdr, at, at + take))
+            at += take
+
+    def pack(self, values: np.ndarray, kind: int, rnd: int, cfg: OuterConfig) -> None:
+        core = _core()
+        src = np.ascontiguousarray(values, dtype=self.dtype).reshape(-1).view(np.uint8)
+        hdr = int(core.OUTER_HEADER_BYTES)
+        for i, data_at, lo, hi in self.slices:
+            head = core.outer_header(
+                kind, rnd, float(cfg.lr), float(cfg.momentum), cfg.nesterov, self.tensor_id, i
+            )
+            self.bytes[data_at - hdr : data_at] = np.frombuffer(head, dtype=np.uint8)
+            self.bytes[data_at : data_at + hi - lo] = src[lo:hi]
+
+    def unpack(self, out: np.ndarray, want_round: Optional[int], what: str) -> int:
+        """Copies the answered parameters into ``out``; returns the outer round the answer
+        holds (every part must say the same, and ``want_round`` if given)."""
+        core = _core()
+        hdr = int(core.OUTER_HEADER_BYTES)
+        dst = out.reshape(-1).view(np.uint8)
+        rounds = set()
+        for i, data_at, lo, hi in self.slices:
+            head = core.parse_outer_header(self.bytes[data_at - hdr : data_at].tobytes())
+            if head is None or head["kind"] != core.OUTER_PARAMS or head["part"] != i:
+                raise FastPSError(
+                    f"{what}: parameter '{self.name}': part {i} of the servers' answer holds no "
+                    "outer parameters header (a server without the outer optimizer?)"
+                )
+            rounds.add(int(head["round"]))
+            dst[lo:hi] = self.bytes[data_at : data_at + hi - lo]
+        if len(rounds) != 1 or (want_round is not None and rounds != {want_round}):
+            raise FastPSError(
+                f"{what}: parameter '{self.name}': the servers answered outer rounds "
+                f"{sorted(rounds)}, expected {want_round if want_round is not None else 'one'}"
+            )
+        return rounds.pop()
+
+
+class OuterExchange:
+    """The outer steps of one set of parameters against the servers' outer optimizer.
+
+    :meth:`init` (every worker; rank 0's values win) starts the servers, :meth:`step`
+    pushes each worker's delta of the round and writes the new parameters, :meth:`read`
+    fetches them. Every wait has the core's op timeout (FASTPS_OP_TIMEOUT)."""
+
+    def __init__(self, what: str, config: OuterConfig) -> None:
+        self.what = what
+        self.config = config
+        self.round = 0  # outer steps done
+        # The core session whose servers hold the parameters (None: none yet): an elastic
+        # membership change brings new servers, which must be initialized again.
+        self.session: Any = None
+        self._frames: Dict[str, _Framed] = {}
+        # One worker, no servers: the rule runs here, on float64 copies.
+        self._local: Dict[str, Tuple[Any, np.ndarray]] = {}
+
+    @staticmethod
+    def _alone() -> bool:
+        return api.size() == 1
+
+    def _wait(self, handles: Sequence[Tuple[str, api.Handle]]) -> None:
+        for name, h in handles:
+            try:
+                h.synchronize()
+            except FastPSError as exc:
+                raise type(exc)(f"{self.what}: parameter '{name}': {exc}") from None
+
+    def _start(self, f: _Framed, mode: int, send: bool) -> api.Handle:
+        src = raw_buffer(f.buf, f"outer parameter '{f.name}'")
+        dst = raw_buffer(f.buf, f"outer parameter '{f.name}'", writable=True)
+        return api.push_pull_raw(src, dst, f.core_name, send=send, receive=True, mode=mode)
+
+    def init(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
+        """Every worker's arrays become rank 0's, which the servers keep with a fresh outer
+        optimizer state (no momentum yet)."""
+        self._local = {}
+        if self._alone():
+            core = _core()
+            for name, arr in named:
+                opt = core.OuterOptimizer(
+                    self.config.lr, self.config.momentum, self.config.nesterov
+                )
+                self._local[name] = (opt, np.array(arr, dtype=np.float64).reshape(-1))
+            self.session = None
+            return
+        # New frames: a new session may have other servers, so another part layout.
+        worker = api.session().worker
+        frames = [_Framed(name, arr, worker) for name, arr in named]
+        self._frames = {f.name: f for f in frames}
+        self.session = api.session()
+        root = api.rank() == 0
+        core = _core()
+        handles = []
+        for f, (_name, arr) in zip(frames, named):
+            if root:
+                f.pack(arr, core.OUTER_INIT, self.round, self.config)
+            handles.append((f.name, self._start(f, MODE_INIT, root)))
+        self._wait(handles)
+        rounds = {f.unpack(arr, None, self.what) for f, (_n, arr) in zip(frames, named)}
+        if len(rounds) != 1:
+            raise FastPSError(f"{self.what}: the servers hold parameters at outer rounds {rounds}")
+        self.round = rounds.pop()
+
+    def step(self, named: Sequence[Tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """One outer round: for each (name, delta, out) pushes ``delta`` (this worker's
+        parameters minus those of the last outer step) and writes the parameters after the
+        servers' outer step into ``out``. Blocks until every worker's delta is in."""
+        if self._alone():
+            for name, delta, out in named:
+                opt, master = self._local[name]
+                mean = np.array(delta, dtype=np.float64).reshape(-1)
+                opt.step(master.ctypes.data, mean.ctypes.data, master.size)
+                out.reshape(-1)[:] = master.astype(out.dtype)
+            self.round += 1
+            return
+        if self.session is not api.session():
+            raise FastPSError(
+                f"{self.what}: the servers of this session hold no parameters: init first"
+            )
+        core = _core()
+        handles = []
+        frames = []
+        for name, delta, _out in named:
+            f = self._frames.get(name)
+            if f is None:
+                raise FastPSError(f"{self.what}: parameter '{name}' was never initialized")
+            f.pack(delta, core.OUTER_DELTA, self.round, self.config)
+            frames.append(f)
+            handles.append((name, self._start(f, MODE_UPDATE, True)))
+        self._wait(handles)
+        for f, (_name, _delta, out) in zip(frames, named):
+            f.unpack(out, self.round + 1, self.what)
+        self.round += 1
+
+    def read(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
+        """Overwrites each array with the parameters the servers hold (no update)."""
+        if self._alone():
+            for name, arr in named:
+                arr.reshape(-1)[:] = self._local[name][1].astype(arr.dtype)
+            return
+        handles = []
+        for name, _arr in named:
+            f = self._frames[name]
+            handles.append((name, self._start(f, MODE_READ, False)))
+        self._wait(handles)
+        for name, arr in named:
+            self._frames[name].unpack(arr, self.round, self.what)

@@ -1,0 +1,260 @@
+"""The algorithm API (plugins/torch/algorithms/base.py, docs/guide/algorithms.md) on 2 real
+workers (``fastpsrun``), over TCP and over shared memory:
+
+* the guide's worked example, ``KeepLocal`` (every gradient averaged except the named
+  parameters', which each worker keeps to itself), trains to the parameters of a one-process
+  reference of both workers (float64): the averaged parameters equal on both ranks, the
+  local ones different and each equal to its own worker's reference;
+* the hooks run in the documented order, once per round (before_backward, one on_gradient
+  per parameter, after_backward, after_step), and an algorithm that averages through
+  ``ctx.push_pull`` into buffers of its own, plus ``ctx.allreduce`` in ``after_step``, gives
+  the parameters of the built-in averaging;
+* ``GradientAveraging()`` is today's path (no runner), and bad input is refused naming the
+  culprit: not an Algorithm, an unknown server rule, compression given twice, a parameter
+  name the algorithm does not know.
+
+This file is also the worker: ``python test_algorithms.py worker``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Set
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PATHS = {"tcp": {"FASTPS_SHM": "0"}, "shm": {"FASTPS_SHM": "1"}}
+
+
+# ---------------------------------------------------------------- the worked example
+
+
+def keep_local_class() -> Any:
+    from fastps.torch.algorithms import Algorithm, Context, Param
+
+    class KeepLocal(Algorithm):
+        """Averages every gradient except those of the parameters named in ``local``,
+        which each worker keeps to itself (e.g. a per-worker head)."""
+
+        def __init__(self, local: Set[str]) -> None:
+            self.local = set(local)
+
+        def setup(self, ctx: Context) -> None:
+            super().setup(ctx)
+            unknown = self.local - {p.name for p in ctx.params}
+            if unknown:
+                raise ValueError(f"KeepLocal: no parameter named {sorted(unknown)}")
+
+        def on_gradient(self, p: Param) -> None:
+            if p.name not in self.local:
+                self.ctx.average(p)
+
+    return KeepLocal
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def _model() -> Any:
+    import torch
+
+    torch.manual_seed(3)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)
+    ).double()
+
+
+def _batch(rank: int, step: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randint(
+        0, 3, (8,), generator=g
+    )
+
+
+def check_worked_example(rank: int, size: int) -> None:
+    import fastps.torch as hvd
+    import torch
+    import torch.nn.functional as F
+
+    local = {"2.weight", "2.bias"}
+    model = _model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        algorithm=keep_local_class()(local),
+    )
+    # The reference: every worker's model in this process, shared parameters stepped on
+    # the mean gradient, local ones on their own worker's.
+    refs = [_model() for _ in range(size)]
+    for step in range(4):
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        grads: List[Dict[str, torch.Tensor]] = []
+        for r, ref in enumerate(refs):
+            ref.zero_grad()
+            xr, yr = _batch(r, step)
+            F.cross_entropy(ref(xr), yr).backward()
+            grads.append({n: p.grad.clone() for n, p in ref.named_parameters()})
+        with torch.no_grad():
+            for r, ref in enumerate(refs):
+                for n, p in ref.named_parameters():
+                    g = grads[r][n] if n in local else sum(gr[n] for gr in grads) / size
+                    p.add_(g, alpha=-0.1)
+    mine = dict(model.named_parameters())
+    gathered = {n: hvd.allgather(p.detach().unsqueeze(0), name=f"ex.{n}") for n, p in mine.items()}
+    for n, p in mine.items():
+        torch.testing.assert_close(
+            p.detach(), dict(refs[rank].named_parameters())[n].detach(), rtol=1e-12, atol=1e-12
+        )
+        same = bool(torch.equal(gathered[n][0], gathered[n][1]))
+        assert same == (n not in local), (n, same)
+    print(f"rank {rank} ALGO OK worked-example", flush=True)
+
+
+def check_hooks_and_push_pull(rank: int, size: int) -> None:
+    import fastps.torch as hvd
+    import torch
+    import torch.nn.functional as F
+    from fastps.torch.algorithms import Algorithm, Param
+
+    calls: List[str] = []
+
+    class ViaPushPull(Algorithm):
+        """Averaging through ctx.push_pull into buffers of its own, recording the hooks."""
+
+        def setup(self, ctx: Any) -> None:
+            super().setup(ctx)
+            self.bufs: Dict[int, torch.Tensor] = {}
+            self.workers = 0.0
+
+        def before_backward(self) -> None:
+            calls.append("before_backward")
+
+        def on_gradient(self, p: Param) -> None:
+            calls.append("on_gradient")
+            buf = self.bufs.setdefault(p.index, torch.empty_like(p.tensor))
+            buf.copy_(p.tensor.grad)
+            self.ctx.push_pull(p, buf, "viapp")
+
+        def after_backward(self) -> None:
+            calls.append("after_backward")
+            for p in self.ctx.params:
+                p.tensor.grad.copy_(self.bufs[p.index])
+
+        def after_step(self) -> None:
+            calls.append("after_step")
+            ones = torch.ones(1, dtype=torch.float64)
+            self.workers = float(
+                self.ctx.allreduce(ones, f"viapp.count.{self.ctx.step}", average=False)
+            )
+
+    def run(algorithm: Any) -> Dict[str, torch.Tensor]:
+        model = _model()
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(model.parameters(), lr=0.01),
+            named_parameters=[(f"{tag}.{n}", p) for n, p in model.named_parameters()],
+            algorithm=algorithm,
+        )
+        for step in range(3):
+            opt.zero_grad()
+            x, y = _batch(rank, step)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        if algorithm is not None:
+            assert (opt._fastps.runner is None) == (type(algorithm).__name__ == "GradientAveraging")
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    tag = "builtin"
+    from fastps.torch.algorithms import GradientAveraging
+
+    builtin = run(GradientAveraging())
+    tag = "custom"
+    algo = ViaPushPull()
+    custom = run(algo)
+    n = len(builtin)
+    round_calls = ["before_backward"] + ["on_gradient"] * n + ["after_backward", "after_step"]
+    assert calls == round_calls * 3, calls
+    assert algo.workers == size, algo.workers
+    for name in builtin:
+        torch.testing.assert_close(custom[name], builtin[name], rtol=1e-12, atol=1e-12)
+    print(f"rank {rank} ALGO OK hooks-push-pull", flush=True)
+
+
+def check_refusals(rank: int) -> None:
+    import fastps
+    import fastps.torch as hvd
+    import torch
+    from fastps.torch.algorithms import Algorithm, GradientAveraging, ServerRule
+
+    def refused(exc: type, needle: str, **kwargs: Any) -> None:
+        model = _model()
+        with pytest.raises(exc) as info:
+            hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                named_parameters=model.named_parameters(),
+                **kwargs,
+            )
+        assert needle in str(info.value), (needle, str(info.value))
+
+    class OuterAdam(Algorithm):
+        def server_rule(self) -> ServerRule:
+            return ServerRule("outer_adam", {"lr": 0.7})
+
+    refused(TypeError, "got str", algorithm="onebit")
+    refused(ValueError, "server rule 'outer_adam' is not available", algorithm=OuterAdam())
+    refused(
+        ValueError,
+        "name two compressors",
+        algorithm=GradientAveraging(fastps.Compression.onebit(error_feedback=True)),
+        compression=hvd.Compression.fp16,
+    )
+    refused(
+        ValueError,
+        "decides what it compresses",
+        algorithm=OuterAdam.__base__(),
+        compression=hvd.Compression.fp16,
+    )
+    refused(
+        ValueError,
+        "no parameter named ['head.weight']",
+        algorithm=keep_local_class()({"head.weight"}),
+    )
+    print(f"rank {rank} ALGO OK refusals", flush=True)
+
+
+def worker() -> int:
+    import fastps.torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    check_worked_example(rank, size)
+    check_hooks_and_push_pull(rank, size)
+    check_refusals(rank)
+    hvd.shutdown()
+    return 0
+
+
+# ---------------------------------------------------------------- the test
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_algorithm_api(subprocess_env: Dict[str, str], path: str) -> None:
+    from torchjobs import fastpsrun, lines_of
+
+    env = dict(subprocess_env, **PATHS[path])
+    res = fastpsrun(Path(__file__), "worker", env=env, timeout=240)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for what in ("worked-example", "hooks-push-pull", "refusals"):
+        assert len(lines_of(res.stdout, f"ALGO OK {what}")) == 2, (what, res.stdout[-6000:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["worker"]:
+        sys.exit(worker())
+    sys.exit(f"usage: {sys.argv[0]} worker")
