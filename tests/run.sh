@@ -9,38 +9,40 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Each section's start time, so a slow CI run shows where its minutes went.
+section() { echo "== $* ($(date -u +%H:%M:%S))"; }
 
-echo "== installing build and test dependencies"
+section "installing build and test dependencies"
 $PY -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=1.1" "pybind11>=2.11" cmake ninja numpy click \
   pytest pytest-timeout scikit-learn matplotlib "ruff==0.17.6" pyyaml mypy rich torch==2.13.0 \
   mock psutil cloudpickle  # the last three: Horovod's elastic scenarios (tests/integration/elastic/test_horovod_elastic.py)
 # Editable, so the test workers import this checkout; scikit-build-core configures CMake in a
 # fresh temporary directory each time, so nothing an earlier build left is trusted.
-echo "== building fastps (C++ core), editable"
+section "building fastps (C++ core), editable"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation -e .
 
 status=0
 unit=0
-echo "== unit tests (tests/unit)"
+section "unit tests (tests/unit)"
 $PY -m pytest -q tests/unit "$@" || { unit=1; status=1; }
 if [ $unit = 1 ]; then
   echo "unit tests failed (above); running the rest of the suite anyway" >&2
 fi
 
-echo "== C++ unit tests (GoogleTest through ctest)"
+section "C++ unit tests (GoogleTest through ctest)"
 tests/cpp/run.sh || status=1
 
-echo "== style: ruff (lint, format) and clang-format"
+section "style: ruff (lint, format) and clang-format"
 tests/lint.sh || status=1
 
-echo "== mypy (core/ and plugins/)"
+section "mypy (core/ and plugins/)"
 $PY tests/typecheck.py || status=1
 # Horovod's elastic PyTorch example needs torchvision, which loads only in its own 5.5 GB
 # environment (tests/envs/vision.sh; over CI's budget to build): used when asked for
 # (FASTPS_VISION=1) or when it was built already; otherwise that test skips.
 if [ -z "${FASTPS_VISION_PYTHON:-}" ] && { [ "${FASTPS_VISION:-0}" = 1 ] || [ -d .venv-vision ]; }; then
-  echo "== torchvision environment"
+  section "torchvision environment"
   if visionpy=$(bash tests/envs/vision.sh | tail -n 1) && [ -x "$visionpy" ]; then
     export FASTPS_VISION_PYTHON=$visionpy
   else
@@ -49,9 +51,9 @@ if [ -z "${FASTPS_VISION_PYTHON:-}" ] && { [ "${FASTPS_VISION:-0}" = 1 ] || [ -d
   fi
 fi
 
-echo "== core tests (integration, rack, tools) and PyTorch tests"
+section "core tests (integration, rack, tools) and PyTorch tests"
 $PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet \
-  --ignore=tests/ecosystem "$@" || status=1
+  --ignore=tests/ecosystem --durations=15 "$@" || status=1
 
 # Each of these tiers runs in the environment its tests/envs/<name>.sh builds (that script
 # prints the environment's python last): the other frameworks, then the libraries and cluster
@@ -62,10 +64,10 @@ for tier in tensorflow mxnet ecosystem/lightning ecosystem/huggingface ecosystem
   ecosystem/spark ecosystem/slurm ecosystem/openmpi; do
   name=$(basename "$tier")
   if [ -f "tests/envs/$name.sh" ] && [ -d "tests/$tier" ]; then
-    echo "== $name environment"
+    section "$name environment"
     if tierpy=$(bash "tests/envs/$name.sh" | tail -n 1) && [ -x "$tierpy" ]; then
-      echo "== $name tests ($tierpy)"
-      "$tierpy" -m pytest -q "tests/$tier" -p no:cacheprovider "$@" || status=1
+      section "$name tests ($tierpy)"
+      "$tierpy" -m pytest -q "tests/$tier" -p no:cacheprovider --durations=10 "$@" || status=1
     else
       echo "could not set up the $name environment" >&2
       status=1
@@ -75,4 +77,5 @@ done
 if [ $unit = 1 ]; then
   echo "== the unit tests failed: see the first section above" >&2
 fi
+section "done (exit $status)"
 exit $status
