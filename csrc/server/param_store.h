@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "protocol/messages.h"
+#include "transport/connection.h"
 #include "transport/payload.h"
-#include "transport/tcp.h"
 
 namespace fastps {
 
