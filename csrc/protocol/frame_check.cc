@@ -4,6 +4,7 @@
 
 #include "common/dtype.h"
 #include "compression/part_codec.h"
+#include "protocol/flags.h"
 
 namespace fastps {
 namespace {
@@ -116,10 +117,14 @@ bool check_server_frame(const FrameHeader& h, uint32_t peer_rank, uint32_t num_w
   if (h.pushers > num_workers)
     return bad(why, "pushers", h.pushers,
                "exceeds the job's " + std::to_string(num_workers) + " workers");
-  if ((h.flags & kFlagRelay) && (h.shm_offset == 0 || h.shm_offset > num_workers))
-    return bad(why, "shm_offset", h.shm_offset,
-               "(pushes the owner of a relayed part waits for) is not in 1.." +
-                   std::to_string(num_workers));
+  if (h.flags & kFlagRelay) {
+    // The route rides in the slot fields (protocol/flags.h); the owner's id is not a rank.
+    uint64_t owner_pushers = relay_route(h).owner_pushers;
+    if (owner_pushers == 0 || owner_pushers > num_workers)
+      return bad(why, "shm_offset", owner_pushers,
+                 "(pushes the owner of a relayed part waits for) is not in 1.." +
+                     std::to_string(num_workers));
+  }
   if ((h.flags & kFlagShm) && h.shm_segment >= num_workers)
     return bad(why, "shm_segment", h.shm_segment,
                "is not a rank of the job's " + std::to_string(num_workers) + " workers");

@@ -1,10 +1,11 @@
 // The application's messages between workers, local peers and summation
-// servers, carried in transport frames (transport/wire.h), and the key every
-// end indexes a part's state by.
+// servers, carried in transport frames (transport/wire.h) with the protocol's
+// flags (protocol/flags.h), and the key every end indexes a part's state by.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
+#include "protocol/flags.h"
 #include "transport/wire.h"
 
 namespace fastps {
@@ -15,7 +16,9 @@ enum class MsgType : uint8_t {
   kError = 3,        // server -> worker: this part cannot be summed (payload: text)
   kFatal = 4,        // server -> worker: the job cannot go on (payload: text)
   kBye = kFrameBye,  // either side: clean close follows (handled by the transport)
-  kShmAttach = 6,    // worker -> colocated server: map my segment (shm_segment = my rank)
+  kShmAttach = 6,    // worker -> colocated server: map my segment (shm_segment = my rank,
+                     // shm_offset = its nonce; a frame without payload, so the transport
+                     // leaves both alone)
   kShmAttached = 7,  // server -> worker: mapped (len 0) or not (payload: why)
   kLocalPush = 8,    // worker -> local owner of a part: my contribution to it
   kLocalResult = 9,  // local owner -> worker: the part's global sum
@@ -61,6 +64,19 @@ inline uint64_t outer_check(const OuterHeader& h) {
     x ^= x >> 31;
   }
   return x;
+}
+
+// The header of an answer (a result, an error) to the push `push`: the push's part fields,
+// sent by `sender`; no flags, and no slot reference or relay route (Link::send adds a slot
+// reference where the answer is one). pushers is left as the push had it.
+inline FrameHeader answer_header(const FrameHeader& push, MsgType type, uint32_t sender) {
+  FrameHeader a = push;
+  a.type = static_cast<uint8_t>(type);
+  a.sender = sender;
+  a.flags = 0;
+  a.shm_offset = 0;
+  a.shm_segment = 0;
+  return a;
 }
 
 // The key of a part on both ends of the wire: tensor id mixed with the part

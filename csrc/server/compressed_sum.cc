@@ -6,6 +6,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/trace.h"
+#include "protocol/flags.h"
 #include "transport/link.h"
 
 namespace fastps {
@@ -35,10 +36,7 @@ void CompressedSum::handle(const std::shared_ptr<Connection>& conn, const FrameH
   auto failed = failed_.find(key);
   if (failed != failed_.end()) {
     // Already failed: tell this sender too, so it does not wait.
-    FrameHeader e = h;
-    e.type = static_cast<uint8_t>(MsgType::kError);
-    e.sender = server_id_;
-    e.flags = 0;
+    FrameHeader e = answer_header(h, MsgType::kError, server_id_);
     auto msg = std::make_shared<std::string>(failed->second);
     Link(conn, false).send(e, Payload::memory(msg->data(), msg->size(), msg));
     return;
@@ -131,9 +129,7 @@ void CompressedSum::complete(uint64_t key, Round& r, const FrameHeader& h) {
       spec.codec == Codec::kRandomK ? r.first.seed : round_seed(spec, key, r.round, 0xFFFFFFFFu);
   auto bytes = encode_part(spec, r.acc.data(), DType::kFloat32, r.acc.size(), seed,
                            spec.error_feedback ? &ef_ : nullptr, key);
-  FrameHeader a = h;
-  a.type = static_cast<uint8_t>(MsgType::kResult);
-  a.sender = server_id_;
+  FrameHeader a = answer_header(h, MsgType::kResult, server_id_);
   a.flags = kFlagCompressed;
   a.pushers = 0;
   a.len = bytes->size();

@@ -16,8 +16,8 @@
 #include "compression/error_feedback.h"
 #include "compression/part_codec.h"
 #include "protocol/messages.h"
+#include "transport/connection.h"
 #include "transport/payload.h"
-#include "transport/tcp.h"
 
 namespace fastps {
 

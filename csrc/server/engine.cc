@@ -8,6 +8,7 @@
 #include "common/thread_name.h"
 #include "common/trace.h"
 #include "kernels/sum.h"
+#include "protocol/flags.h"
 #include "transport/link.h"
 
 namespace fastps {
@@ -104,10 +105,7 @@ void SumEngine::fail(KeyState& st, const FrameHeader& h, const std::string& msg)
 
 void SumEngine::refuse(const PushWork& w, const std::string& msg) {
   LOG_WARN("server " << server_id_ << ": " << msg);
-  FrameHeader e = w.hdr;
-  e.type = static_cast<uint8_t>(MsgType::kError);
-  e.sender = server_id_;
-  e.flags = 0;
+  FrameHeader e = answer_header(w.hdr, MsgType::kError, server_id_);
   auto text = std::make_shared<std::string>(msg);
   Link(w.conn, false).send(e, Payload::memory(text->data(), text->size(), text));
 }
@@ -165,17 +163,15 @@ void SumEngine::handle(PushWork& w) {
   }
   if (!st.error.empty()) {
     // Already failed: tell this sender too, so it does not wait.
-    FrameHeader e = h;
-    e.type = static_cast<uint8_t>(MsgType::kError);
-    e.sender = server_id_;
-    e.flags = 0;
+    FrameHeader e = answer_header(h, MsgType::kError, server_id_);
     auto msg = std::make_shared<std::string>(st.error);
     Link(w.conn, false).send(e, Payload::memory(msg->data(), msg->size(), msg));
     return;
   }
   uint32_t expected = h.pushers ? h.pushers : num_workers_;
-  uint32_t owner = (h.flags & kFlagRelay) ? h.shm_segment : kNotRelayed;
-  uint64_t owner_pushers = (h.flags & kFlagRelay) ? h.shm_offset : 0;
+  const bool relayed = h.flags & kFlagRelay;
+  uint32_t owner = relayed ? relay_route(h).owner : kNotRelayed;
+  uint64_t owner_pushers = relayed ? relay_route(h).owner_pushers : 0;
   if (st.count == 0) {
     st.owner = owner;
     st.owner_pushers = owner_pushers;
@@ -296,10 +292,7 @@ void SumEngine::complete(KeyState& st, const FrameHeader& h) {
     relay_up(st, h);
     return;
   }
-  FrameHeader r = h;
-  r.type = static_cast<uint8_t>(MsgType::kResult);
-  r.sender = server_id_;
-  r.flags = 0;
+  FrameHeader r = answer_header(h, MsgType::kResult, server_id_);
   r.pushers = 0;
   auto dt = static_cast<DType>(h.dtype);
   size_t count = h.len / dtype_size(dt);
@@ -356,14 +349,13 @@ void SumEngine::relay_up(KeyState& st, const FrameHeader& h) {
     if (fatal_) fatal_(ctx.str() + "its previous round is still unanswered");
     return;
   }
-  // The owner sees one push from this rack, made by the rack's relay rank.
+  // The owner sees one push from this rack, made by the rack's relay rank: a plain sum,
+  // without flags or route.
   FrameHeader up = h;
-  up.type = static_cast<uint8_t>(MsgType::kPush);
+  clear_relay_route(&up);
   up.flags = 0;
   up.round = st.round;
   up.pushers = static_cast<uint32_t>(st.owner_pushers);
-  up.shm_offset = 0;
-  up.shm_segment = 0;
   Payload sum = std::move(st.acc);
   st.acc = Payload{};
   PendingRelay& pending = relays_[key];
@@ -396,9 +388,7 @@ void SumEngine::relay_down(PushWork& w) {
                          << " that this rack is not waiting for");
     return;
   }
-  FrameHeader r = h;
-  r.sender = server_id_;
-  r.flags = 0;
+  FrameHeader r = answer_header(h, static_cast<MsgType>(h.type), server_id_);
   r.pushers = 0;
   for (uint32_t i = 0; i < it->second.reply_to.size(); ++i) {
     auto& conn = it->second.reply_to[i];
@@ -432,10 +422,7 @@ void SumEngine::answer_late(PushWork& w) {
   // pushers how many rounds closed after this one, so it can fetch them and catch up
   // (docs/guide/async.md, "Catch-up"). The open round is st.round: st.round - 1 closed last.
   KeyState& st = keys_[key];
-  FrameHeader r = h;
-  r.type = static_cast<uint8_t>(MsgType::kResult);
-  r.sender = server_id_;
-  r.flags = 0;
+  FrameHeader r = answer_header(h, MsgType::kResult, server_id_);
   r.pushers = static_cast<uint32_t>(st.round - 1 - h.round);
   if (w.data.in_slot()) {
     std::memcpy(w.data.data, bytes->data(), h.len);

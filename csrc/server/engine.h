@@ -25,8 +25,8 @@
 #include "server/param_store.h"
 #include "server/quorum.h"
 #include "server/rack_relay.h"
+#include "transport/connection.h"
 #include "transport/payload.h"
-#include "transport/tcp.h"
 
 namespace fastps {
 

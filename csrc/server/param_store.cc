@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/sum.h"
+#include "protocol/flags.h"
 #include "transport/link.h"
 
 namespace fastps {
@@ -42,10 +43,7 @@ std::string ParamStore::check(const Part& p, const FrameHeader& h) const {
 
 void ParamStore::answer(const Part& p, const std::shared_ptr<Connection>& conn,
                         const FrameHeader& h) const {
-  FrameHeader r = h;
-  r.type = static_cast<uint8_t>(MsgType::kResult);
-  r.sender = server_id_;
-  r.flags = 0;
+  FrameHeader r = answer_header(h, MsgType::kResult, server_id_);
   r.pushers = 0;
   // A snapshot: the stored value changes with the next update while this answer is written.
   auto snap = std::make_shared<std::vector<char>>(p.value);
@@ -55,10 +53,7 @@ void ParamStore::answer(const Part& p, const std::shared_ptr<Connection>& conn,
 void ParamStore::refuse(const std::shared_ptr<Connection>& conn, const FrameHeader& h,
                         const std::string& msg) const {
   LOG_WARN("server " << server_id_ << ": " << msg);
-  FrameHeader e = h;
-  e.type = static_cast<uint8_t>(MsgType::kError);
-  e.sender = server_id_;
-  e.flags = 0;
+  FrameHeader e = answer_header(h, MsgType::kError, server_id_);
   auto text = std::make_shared<std::string>(msg);
   Link(conn, false).send(e, Payload::memory(text->data(), text->size(), text));
 }

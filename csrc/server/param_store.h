@@ -21,8 +21,8 @@
 
 #include "protocol/messages.h"
 #include "server/outer_optimizer.h"
+#include "transport/connection.h"
 #include "transport/payload.h"
-#include "transport/tcp.h"
 
 namespace fastps {
 

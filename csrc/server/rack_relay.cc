@@ -48,7 +48,7 @@ void RackRelay::set_pacing(std::vector<double> per_owner) {
   std::lock_guard<std::mutex> lock(mu_);
   pacing_ = std::move(per_owner);
   for (size_t i = 0; i < conns_.size() && i < pacing_.size(); ++i)
-    if (conns_[i]) set_pacing_rate(conns_[i]->fd(), pacing_[i]);
+    if (conns_[i]) conns_[i]->set_pacing(pacing_[i]);
 }
 
 void RackRelay::stop() {
@@ -136,8 +136,9 @@ std::shared_ptr<Connection> RackRelay::link_to(uint32_t owner_id, std::string* w
   }
   Peer p;
   p.rank = owner_id;
-  conns_[pos] = std::make_shared<Connection>(fd, p, desc, this);
-  loop_->add(conns_[pos]);
+  auto conn = std::make_shared<TcpConnection>(fd, p, desc, this);
+  conns_[pos] = conn;
+  loop_->add(conn);
   return conns_[pos];
 }
 

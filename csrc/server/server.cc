@@ -179,7 +179,7 @@ void Server::admit(int fd, const Peer& peer) {
          << peer.rank << ", " << who << ")";
   else
     desc << "worker " << peer.rank << " (" << who << ")";
-  auto conn = std::make_shared<Connection>(fd, peer, desc.str(), this);
+  auto conn = std::make_shared<TcpConnection>(fd, peer, desc.str(), this);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Pacing is per worker; a rack's relay carries that whole rack's sums at its own rate.
@@ -203,7 +203,7 @@ void Server::set_pacing(std::vector<double> per_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   pacing_ = std::move(per_rank);
   for (auto& c : conns_)
-    if (!(c->peer().conn_index & kRelayConnBit)) set_pacing_rate(c->fd(), pacing_of(c->peer()));
+    if (!(c->peer().conn_index & kRelayConnBit)) c->set_pacing(pacing_of(c->peer()));
 }
 
 void Server::set_rack_pacing(std::vector<double> answers_by_relay_id,
@@ -213,7 +213,7 @@ void Server::set_rack_pacing(std::vector<double> answers_by_relay_id,
   std::lock_guard<std::mutex> lock(mu_);
   relay_pacing_ = std::move(answers_by_relay_id);
   for (auto& c : conns_)
-    if (c->peer().conn_index & kRelayConnBit) set_pacing_rate(c->fd(), pacing_of(c->peer()));
+    if (c->peer().conn_index & kRelayConnBit) c->set_pacing(pacing_of(c->peer()));
 }
 
 void Server::set_rack_route(std::vector<std::string> owners, std::vector<uint32_t> owner_ids,
@@ -310,7 +310,7 @@ void Server::on_frame(Connection* c, const FrameHeader& h, void* payload) {
   if (refers_to_slot(h) && !w.data.in_slot()) {
     LOG_WARN("server " << opts_.server_id << ": " << c->desc()
                        << " pushed a shared-memory part outside the mapped segments; closing");
-    loops_.front()->close(c);
+    c->shutdown_both();
     return;
   }
   uint64_t key = part_key(h.tensor, h.part);

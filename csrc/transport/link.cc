@@ -3,13 +3,16 @@
 namespace fastps {
 
 bool Link::send(FrameHeader h, const Payload& p, std::function<void()> on_sent) const {
-  if (h.flags & kFlagNoData) {
-    // A want-only push: the header names the part (its len included), no bytes follow.
+  // Whether a payload travels as a slot reference is this link's decision: a reference
+  // copied from another frame's header does not survive. Without kFlagShm the slot fields
+  // are the application's (wire.h) and go out as they are.
+  if (h.flags & kFlagShm) {
     h.flags &= static_cast<uint16_t>(~kFlagShm);
     h.shm_segment = 0;
     h.shm_offset = 0;
-    return conn_->send(h, nullptr, 0, std::move(on_sent));
   }
+  // A header-only frame: len is the application's (a want-only push names the part's size).
+  if (h.flags & kFlagNoPayload) return conn_->send(h, nullptr, 0, std::move(on_sent));
   h.len = p.len;
   if (by_slot(p)) {
     h.flags |= kFlagShm;
@@ -17,11 +20,6 @@ bool Link::send(FrameHeader h, const Payload& p, std::function<void()> on_sent) 
     h.shm_offset = p.offset;
     // The slot's reference counts, not this frame, keep its bytes alive.
     return conn_->send(h, nullptr, 0, std::move(on_sent));
-  }
-  h.flags &= static_cast<uint16_t>(~kFlagShm);
-  if (!(h.flags & kFlagRelay)) {  // a relayed push's shm fields carry its route (wire.h)
-    h.shm_segment = 0;
-    h.shm_offset = 0;
   }
   if (!p.keep && !p.mapping) return conn_->send(h, p.data, p.len, std::move(on_sent));
   return conn_->send(h, p.data, p.len,
@@ -32,7 +30,7 @@ bool Link::send(FrameHeader h, const Payload& p, std::function<void()> on_sent) 
 
 Payload received_payload(const FrameHeader& h, void* bytes, std::shared_ptr<void> hold,
                          const SlotSpace* slots) {
-  if (h.flags & kFlagNoData) return Payload{};  // a want-only push carries nothing
+  if (h.flags & kFlagNoPayload) return Payload{};  // a header-only frame carries nothing
   if (!(h.flags & kFlagShm)) return Payload::memory(bytes, h.len, std::move(hold));
   if (!slots) {
     Payload bad;

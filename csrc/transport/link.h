@@ -6,8 +6,8 @@
 #include <functional>
 #include <memory>
 
+#include "transport/connection.h"
 #include "transport/payload.h"
-#include "transport/tcp.h"
 
 namespace fastps {
 
@@ -19,8 +19,9 @@ class Link {
 
   // Whether p would travel as a slot reference on this link.
   bool by_slot(const Payload& p) const { return peer_maps_slots_ && p.in_slot() && p.len > 0; }
-  // Sends h with payload p (h.len and the slot fields are filled in here); the
-  // payload's bytes stay alive until written. False if the connection is closed.
+  // Sends h with payload p (h.len, kFlagShm and the slot fields are filled in here, unless
+  // h is header-only: kFlagNoPayload); the payload's bytes stay alive until written. False
+  // if the connection is closed.
   bool send(FrameHeader h, const Payload& p, std::function<void()> on_sent = nullptr) const;
   // A frame with no payload.
   bool send(FrameHeader h) const { return send(h, Payload{}); }

@@ -16,25 +16,32 @@
 
 namespace fastps {
 
-Connection::Connection(int fd, Peer peer, std::string desc, FrameHandler* handler)
-    : fd_(fd), peer_(peer), desc_(std::move(desc)), handler_(handler) {
+TcpConnection::TcpConnection(int fd, Peer peer, std::string desc, FrameHandler* handler)
+    : Connection(peer, std::move(desc)), fd_(fd), handler_(handler) {
   set_nonblocking(fd_, true);
 }
 
-Connection::~Connection() {
+TcpConnection::~TcpConnection() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool Connection::send(const FrameHeader& h, const void* payload, size_t len,
-                      std::function<void()> on_sent) {
+void TcpConnection::shutdown_send() { ::shutdown(fd_, SHUT_WR); }
+
+// The loop sees the socket end (EPOLLHUP, or a read of 0) and drops the connection.
+void TcpConnection::shutdown_both() { ::shutdown(fd_, SHUT_RDWR); }
+
+void TcpConnection::set_pacing(double bytes_per_s) { set_pacing_rate(fd_, bytes_per_s); }
+
+bool TcpConnection::send(const FrameHeader& h, const void* payload, size_t len,
+                         std::function<void()> on_sent) {
   return queue(SendItem{h, payload, len, 0, std::move(on_sent)}, false);
 }
 
-bool Connection::send_first(const FrameHeader& h) {
+bool TcpConnection::send_first(const FrameHeader& h) {
   return queue(SendItem{h, nullptr, 0, 0, nullptr}, true);
 }
 
-bool Connection::queue(SendItem item, bool first) {
+bool TcpConnection::queue(SendItem item, bool first) {
   std::vector<std::function<void()>> completed;
   bool ok = true;
   {
@@ -62,7 +69,7 @@ bool Connection::queue(SendItem item, bool first) {
   return true;
 }
 
-bool Connection::flush_locked(std::vector<std::function<void()>>* completed) {
+bool TcpConnection::flush_locked(std::vector<std::function<void()>>* completed) {
   constexpr int kMaxIov = 64;
   while (!sendq_.empty()) {
     iovec iov[kMaxIov];
@@ -102,7 +109,7 @@ bool Connection::flush_locked(std::vector<std::function<void()>>* completed) {
   return true;
 }
 
-void Connection::set_want_write(bool on) {
+void TcpConnection::set_want_write(bool on) {
   if (want_write_ == on || epfd_ < 0) {
     want_write_ = on;
     return;
@@ -114,7 +121,7 @@ void Connection::set_want_write(bool on) {
   epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev);
 }
 
-void Connection::expect_bytes(size_t n) {
+void TcpConnection::expect_bytes(size_t n) {
   // A wake-up per arriving segment costs a context switch and a short copy each;
   // waiting for a larger piece costs nothing, because the frame is only handed on
   // when whole and the mark never exceeds what the frame still owes. The kernel
@@ -126,7 +133,7 @@ void Connection::expect_bytes(size_t n) {
   if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) rx_lowat_ = want;
 }
 
-bool Connection::on_readable(std::string* why, bool* clean) {
+bool TcpConnection::on_readable(std::string* why, bool* clean) {
   // Bounded so one busy connection cannot starve the others on this loop.
   for (int rounds = 0; rounds < 64; ++rounds) {
     if (!rx_in_payload_) {
@@ -243,7 +250,7 @@ void EventLoop::stop() {
   conns_.clear();
 }
 
-void EventLoop::add(const std::shared_ptr<Connection>& c) {
+void EventLoop::add(const std::shared_ptr<TcpConnection>& c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     conns_[c.get()] = c;
@@ -256,10 +263,8 @@ void EventLoop::add(const std::shared_ptr<Connection>& c) {
   epoll_ctl(epfd_, EPOLL_CTL_ADD, c->fd_, &ev);
 }
 
-void EventLoop::close(Connection* c) { ::shutdown(c->fd_, SHUT_RDWR); }
-
-void EventLoop::drop(Connection* c, bool clean, const std::string& reason) {
-  std::shared_ptr<Connection> keep;
+void EventLoop::drop(TcpConnection* c, bool clean, const std::string& reason) {
+  std::shared_ptr<TcpConnection> keep;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(c);
@@ -287,7 +292,7 @@ void EventLoop::run() {
       break;
     }
     for (int i = 0; i < n && !stop_.load(); ++i) {
-      auto* c = static_cast<Connection*>(events[i].data.ptr);
+      auto* c = static_cast<TcpConnection*>(events[i].data.ptr);
       if (!c) continue;  // wakeup
       uint32_t ev = events[i].events;
       std::string why;

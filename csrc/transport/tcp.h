@@ -1,6 +1,7 @@
 // TCP transport: an epoll loop thread that receives frames straight into
-// memory the owner chooses, and connections whose sends are scatter-gather
-// (header + caller's memory, no copy) with a queue drained by the loop.
+// memory the owner chooses, and connections (transport/connection.h) whose sends
+// are scatter-gather (header + caller's memory, no copy) with a queue drained by
+// the loop.
 #pragma once
 #include <sys/uio.h>
 
@@ -12,58 +13,39 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
+#include "transport/connection.h"
 #include "transport/handshake.h"
 #include "transport/wire.h"
 
 namespace fastps {
 
-class Connection;
-
-// Implemented by the server engine and the worker. Called on the loop thread.
-class FrameHandler {
+// A connection over a stream socket (TCP, or a local socket between the workers of one
+// host): sends are queued and written by the caller or the loop, receives go straight
+// into the memory the handler picks.
+class TcpConnection final : public Connection {
  public:
-  virtual ~FrameHandler() = default;
-  // A header arrived; return where its hdr.len payload bytes go. Return nullptr
-  // with *why set to reject the frame, which closes this connection only.
-  virtual void* on_header(Connection* c, const FrameHeader& h, std::string* why) = 0;
-  // The whole payload is in place.
-  virtual void on_frame(Connection* c, const FrameHeader& h, void* payload) = 0;
-  // The connection is gone. clean is true after the peer said kBye.
-  virtual void on_close(Connection* c, bool clean, const std::string& reason) = 0;
-};
+  TcpConnection(int fd, Peer peer, std::string desc, FrameHandler* handler);
+  ~TcpConnection() override;
 
-class Connection {
- public:
-  Connection(int fd, Peer peer, std::string desc, FrameHandler* handler);
-  ~Connection();
-
-  // Queues header + payload; the payload memory must stay valid until on_sent
-  // runs (or the connection dies, in which case on_sent is dropped unrun).
-  // Returns false if the connection is already closed.
   bool send(const FrameHeader& h, const void* payload, size_t len,
-            std::function<void()> on_sent = nullptr);
-  // Queues a frame with no payload ahead of every queued frame not yet started (a
-  // control message that must not wait behind megabytes of answers).
-  bool send_first(const FrameHeader& h);
-  const Peer& peer() const { return peer_; }
-  const std::string& desc() const { return desc_; }
-  bool closed() const { return closed_.load(); }
-  // The socket, open for as long as this object lives (for socket options only).
-  int fd() const { return fd_; }
-  // True when nothing is waiting to be written.
-  bool idle() {
+            std::function<void()> on_sent = nullptr) override;
+  bool send_first(const FrameHeader& h) override;
+  bool closed() const override { return closed_.load(); }
+  bool idle() override {
     std::lock_guard<std::mutex> lock(send_mu_);
     return sendq_.empty();
   }
-  // Adds every byte written to / read from the socket to these counters (either may be
-  // null). Set before the connection joins its loop.
-  void count_bytes(std::atomic<uint64_t>* sent, std::atomic<uint64_t>* received) {
+  void shutdown_send() override;
+  void shutdown_both() override;
+  void set_pacing(double bytes_per_s) override;
+  void count_bytes(std::atomic<uint64_t>* sent, std::atomic<uint64_t>* received) override {
     sent_bytes_ = sent;
     received_bytes_ = received;
   }
-  // Owner's slot for the object a frame is being received into.
-  std::shared_ptr<void> rx_hold;
+  // The socket, open for as long as this object lives (for socket options only).
+  int fd() const { return fd_; }
 
  private:
   friend class EventLoop;
@@ -86,8 +68,6 @@ class Connection {
 
   int fd_;
   int epfd_ = -1;
-  Peer peer_;
-  std::string desc_;
   FrameHandler* handler_;
   std::atomic<bool> closed_{false};
   bool saw_bye_ = false;
@@ -120,13 +100,11 @@ class EventLoop {
   ~EventLoop();
   void start();
   void stop();
-  void add(const std::shared_ptr<Connection>& c);
-  // Shuts a connection down from any thread; on_close runs on the loop thread.
-  void close(Connection* c);
+  void add(const std::shared_ptr<TcpConnection>& c);
 
  private:
   void run();
-  void drop(Connection* c, bool clean, const std::string& reason);
+  void drop(TcpConnection* c, bool clean, const std::string& reason);
 
   std::string name_;
   int epfd_;
@@ -134,7 +112,7 @@ class EventLoop {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::mutex mu_;
-  std::unordered_map<Connection*, std::shared_ptr<Connection>> conns_;
+  std::unordered_map<TcpConnection*, std::shared_ptr<TcpConnection>> conns_;
 };
 
 }  // namespace fastps

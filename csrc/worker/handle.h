@@ -16,6 +16,8 @@
 
 namespace fastps {
 
+class PartPath;
+
 // What a push asks of the server: a plain sum, or (docs/guide/async.md) an update of the
 // parameters it keeps, their initial value from rank 0, or a read of them; or, under quorum
 // rounds, a catch-up fetch: the sum of the tensor's next round, which closed without this
@@ -73,13 +75,10 @@ struct Handle {
   PushMode mode = PushMode::kSum;
   // A catch-up fetch travels as the plain sum it stands for does (fused alike), want-only.
   bool fetch() const { return mode == PushMode::kQuorumFetch; }
-  // Async pushes travel as routed ones do: straight to the servers, no local sum, no fusion.
-  bool routed() const {
-    return !fetch() && (!send || !receive || pushers != 0 || !plain_sum(mode));
-  }
   CompressionSpec compression;  // enabled: parts travel compressed, straight to the servers
-  // Parts go straight to the servers (no fusion, local reduce or staging slot).
-  bool direct() const { return routed() || compression.enabled(); }
+  // How its parts travel (worker/part_path.h), chosen from the fields above when the
+  // handle is created; owned by the worker, which outlives its handles.
+  const PartPath* path = nullptr;
   std::vector<PartSpan> parts;
   std::atomic<uint32_t> remaining{0};
   // Quorum rounds: how many of this tensor's rounds closed after the one answered, the

@@ -41,8 +41,8 @@ void LocalGroup::open() {
   if (size() > 1) listen_fd_ = unix_listen(socket_name(opts_.job_id, opts_.rank));
 }
 
-std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler* handler) {
-  std::vector<std::shared_ptr<Connection>> out;
+std::vector<std::shared_ptr<TcpConnection>> LocalGroup::connect_peers(FrameHandler* handler) {
+  std::vector<std::shared_ptr<TcpConnection>> out;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opts_.timeout_s);
   auto left = [&] {
     return std::max(
@@ -66,7 +66,8 @@ std::vector<std::shared_ptr<Connection>> LocalGroup::connect_peers(FrameHandler*
     peers_seg_[peer] = std::move(seg);
     Peer p;
     p.rank = peer;
-    auto c = std::make_shared<Connection>(fd, p, "local worker " + std::to_string(peer), handler);
+    auto c =
+        std::make_shared<TcpConnection>(fd, p, "local worker " + std::to_string(peer), handler);
     peers_[peer] = Link(c, true);
     out.push_back(c);
   };

@@ -40,8 +40,9 @@ class LocalGroup : public SlotSpace {
   void open();
   // Connects every pair of local workers (lower rank accepts, higher connects)
   // and maps each other's segments. Blocks until done; throws on timeout. The
-  // connections are returned for the caller's event loop, handled by handler.
-  std::vector<std::shared_ptr<Connection>> connect_peers(FrameHandler* handler);
+  // connections (local stream sockets) are returned for the caller's event loop,
+  // handled by handler.
+  std::vector<std::shared_ptr<TcpConnection>> connect_peers(FrameHandler* handler);
   // Removes this worker's segment name once everyone who needs it mapped it.
   void unlink_own();
   // Removes the names of every local worker's segment (clean-up after a crash).

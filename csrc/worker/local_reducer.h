@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
-#include "transport/tcp.h"
+#include "transport/connection.h"
 #include "worker/failure_fanout.h"
 #include "worker/handle_table.h"
 #include "worker/local_group.h"

@@ -1,8 +1,5 @@
 #include "worker/worker.h"
 
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -11,8 +8,8 @@
 #include "common/logging.h"
 #include "common/thread_name.h"
 #include "common/trace.h"
-#include "compression/part_codec.h"
 #include "kernels/sum.h"
+#include "protocol/flags.h"
 #include "protocol/frame_check.h"
 #include "transport/handshake.h"
 #include "transport/socket.h"
@@ -82,6 +79,21 @@ Worker::Worker(WorkerOptions opts)
     reducer_ = std::make_unique<LocalReducer>(ctx);
     failures_.set_reducer(reducer_.get());
   }
+  PathContext pc;
+  pc.opts = &opts_;
+  pc.pushers = pushers_;
+  pc.local_reduce = local_reduce_;
+  pc.links = &links_;
+  pc.scheduler = &scheduler_;
+  pc.parts = &parts_;
+  pc.handles = &handles_;
+  pc.registry = &registry_;
+  pc.local = local_.get();
+  pc.reducer = reducer_.get();
+  pc.error_feedback = &error_feedback_;
+  pc.stats = &stats_;
+  pc.abort = [this](const std::string& reason) { abort(reason); };
+  paths_ = std::make_unique<PartPaths>(pc);
 }
 
 Worker::~Worker() { shutdown(); }
@@ -92,6 +104,8 @@ void Worker::start() {
   links_.resize(opts_.servers.size());
   // The segment exists before anyone can ask to map it.
   if (local_) local_->open();
+  // The servers' connections, then the local peers': this worker's loop carries them all.
+  std::vector<std::shared_ptr<TcpConnection>> conns;
   for (size_t s = 0; s < opts_.servers.size(); ++s) {
     for (int k = 0; k < opts_.conns_per_server; ++k) {
       std::string desc = "server " + std::to_string(s) + " at " + opts_.servers[s];
@@ -104,17 +118,14 @@ void Worker::start() {
       Peer p;
       p.rank = static_cast<uint32_t>(s);
       p.conn_index = static_cast<uint32_t>(k);
-      links_[s].emplace_back(std::make_shared<Connection>(fd, p, desc, this), false);
+      auto conn = std::make_shared<TcpConnection>(fd, p, desc, this);
+      conns.push_back(conn);
+      links_[s].emplace_back(std::move(conn), false);
     }
   }
-  std::vector<std::shared_ptr<Connection>> peers;
-  if (local_reduce_) peers = local_->connect_peers(this);
-  for (auto& per_server : links_)
-    for (auto& l : per_server) {
-      l.shared()->count_bytes(&stats_.socket_bytes_sent, &stats_.socket_bytes_received);
-      loop_->add(l.shared());
-    }
-  for (auto& c : peers) {
+  if (local_reduce_)
+    for (auto& c : local_->connect_peers(this)) conns.push_back(std::move(c));
+  for (auto& c : conns) {
     c->count_bytes(&stats_.socket_bytes_sent, &stats_.socket_bytes_received);
     loop_->add(c);
   }
@@ -142,7 +153,7 @@ void Worker::attach_local_servers() {
     h.sender = opts_.rank;
     h.shm_segment = opts_.rank;
     h.shm_offset = local_->segment_nonce();  // the server checks it mapped this run's segment
-    // Straight on the connection: Link::send would clear shm_offset (no slot payload here).
+    // Header only: the slot fields carry the attach (protocol/messages.h), not a slot.
     if (links_[s][0].connection()->send(h, nullptr, 0)) ++asked;
   }
   std::unique_lock<std::mutex> lock(attach_mu_);
@@ -193,16 +204,7 @@ std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>&
                                   " bytes is not a whole number of " + dtype_name(r.dtype) +
                                   " elements");
     fuser_.check(tensor_id_of(r.name), r.name, r.nbytes, r.dtype);  // before anything starts
-    check_routing(r);
-    if (r.compression.enabled()) {
-      if (!compressible(r.dtype))
-        throw std::invalid_argument("tensor '" + r.name + "': " + dtype_name(r.dtype) +
-                                    " cannot be compressed with " + r.compression.describe() +
-                                    " (float types only)");
-      if (r.pushers || !plain_sum(r.mode))
-        throw std::invalid_argument("tensor '" + r.name +
-                                    "': a routed or async push_pull cannot be compressed");
-    }
+    paths_->of(r).check(r);
   }
   // Mark every name busy first; a clash (a name in flight, twice in the group)
   // undoes the others, so a bad group starts nothing.
@@ -233,6 +235,7 @@ std::vector<int64_t> Worker::push_pull_group(const std::vector<PushPullRequest>&
     h->pushers = r.pushers;
     h->mode = r.mode;
     h->compression = r.compression;
+    h->path = &paths_->of(*h);
     ids.push_back(handles_.add(h));
     hs.push_back(std::move(h));
   }
@@ -257,7 +260,7 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
     std::shared_ptr<FusionBucket> bucket;
     std::string why;
     // A routed push_pull keeps its own parts: a bucket is a plain sum over every worker.
-    if (!h->direct() && fuser_.arrive(h, &bucket, &why)) {
+    if (!h->path->direct() && fuser_.arrive(h, &bucket, &why)) {
       if (!why.empty()) handles_.fail(h, why, ErrorKind::kError);
       if (bucket) full.push_back(std::move(bucket));
       continue;
@@ -275,7 +278,7 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
       continue;
     }
     std::function<bool(uint32_t)> owned;
-    if (local_reduce_ && !h->direct())
+    if (local_reduce_ && !h->path->direct())
       owned = [this, id = h->tensor->id](uint32_t part) {
         return local_->owner(id, part) == opts_.rank;
       };
@@ -294,7 +297,7 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
   for (auto& h : queued) {
     // Routed parts go to the servers as they are: a local sum has nothing to add to a
     // forwarded block, and the server counts each worker's push.
-    if (local_reduce_ && !h->direct()) {
+    if (local_reduce_ && !h->path->direct()) {
       reducer_->start_parts(h);
       continue;
     }
@@ -328,6 +331,7 @@ std::vector<std::shared_ptr<Handle>> Worker::bucket_handles(
     h->dtype = b->plan.dtype;
     h->priority = b->plan.priority;
     h->mode = b->mode;  // a round of catch-up fetches fetches the bucket's round
+    h->path = &paths_->of(*h);
     int64_t id = handles_.add(h);
     // Holds the bucket, not the handle (no cycle); runs once the bucket's sum is in.
     std::weak_ptr<Handle> self = h;
@@ -386,220 +390,8 @@ void Worker::push_loop() {
   while (true) {
     tasks.clear();
     if (!scheduler_.wait_admissible(&batch, keep)) return;
-    for (auto& t : tasks) send_part(std::move(t));
+    for (auto& t : tasks) t.handle->path->send(t);
   }
-}
-
-void Worker::send_part(PartTask t) {
-  const Handle& h = *t.handle;
-  uint32_t server = t.span.server;
-  size_t len = t.span.len;
-  auto& per_server = links_[server];
-  const Link& link = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
-  if (h.routed()) {
-    send_routed(t, link);
-    return;
-  }
-  if (h.fetch()) {
-    send_fetch(t, link);
-    return;
-  }
-  if (h.compression.enabled()) {
-    send_compressed(t, link);
-    return;
-  }
-  // Rack-level hierarchy: the part goes to this rack's relay for its owner, as bytes (a
-  // relayed push names its route where a slot reference would be).
-  bool relayed = !opts_.relay_via.empty() && opts_.relay_via[server] != server;
-  if (relayed) {
-    send_relayed(t);
-    return;
-  }
-  if (link.peer_maps_slots() && t.stage.empty() && len > 0) {
-    // One worker here: copy the part into this worker's segment (the only copy
-    // on the way in); the server sums it where it lies and answers in place.
-    // No slot free: the part goes from the user's memory over the socket.
-    Payload s = local_->stage(len, nullptr);
-    if (!s.empty()) {
-      std::memcpy(s.data, h.in + t.span.offset, len);
-      parts_.set_stage(t.key(), s, false);
-      t.stage = s;
-    }
-  }
-  Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len) : t.stage;
-  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
-  // Only a gradient's sum may close without every push (handle.h, PushMode::kQuorumSum).
-  if (opts_.quorum && h.mode == PushMode::kQuorumSum) hdr.flags |= kFlagQuorum;
-  (link.by_slot(p) ? stats_.pushed_shm : stats_.pushed_socket)++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
-  if (!link.send(hdr, p, [this, server, len, tensor = hdr.tensor, part = hdr.part] {
-        trace::mark(trace::Mark::kWritten, tensor, part, server, len);
-        scheduler_.written(server, len);
-      }))
-    abort("lost connection to " + link.desc());
-}
-
-void Worker::send_fetch(const PartTask& t, const Link& link) {
-  uint32_t server = t.span.server;
-  size_t len = t.span.len;
-  // The plain sum's header, want-only: the server answers from its history of closed
-  // rounds and counts nothing (docs/guide/async.md, "Catch-up").
-  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.pushers = opts_.owner_pushers.empty() ? pushers_ : opts_.owner_pushers[server];
-  hdr.flags |= kFlagQuorum | kFlagNoData;
-  stats_.pushed_routed++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
-  if (!link.send(hdr, Payload{}, [this, server, len, tensor = hdr.tensor, part = hdr.part] {
-        trace::mark(trace::Mark::kWritten, tensor, part, server, len);
-        scheduler_.written(server, len);
-      }))
-    abort("lost connection to " + link.desc());
-}
-
-void Worker::send_relayed(const PartTask& t) {
-  const Handle& h = *t.handle;
-  uint32_t owner = t.span.server;
-  uint32_t via = opts_.relay_via[owner];
-  size_t len = t.span.len;
-  auto& per_server = links_[via];
-  const Link& link = per_server[(t.span.index + (h.tensor->id >> 3)) % per_server.size()];
-  // A local owner's sum lies in its stage until the answer; the bytes go from there.
-  Payload p = t.stage.empty() ? Payload::memory(h.in + t.span.offset, len)
-                              : Payload::memory(t.stage.data, len);
-  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.flags = kFlagRelay;
-  hdr.pushers = opts_.rack_pushers;
-  hdr.shm_segment = owner;
-  hdr.shm_offset = opts_.owner_pushers[owner];
-  stats_.pushed_socket++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, via, len);
-  // Credits stay the owner's: the relay's answer stands for the owner's.
-  if (!link.send(hdr, p, [this, owner, via, len, tensor = hdr.tensor, part = hdr.part] {
-        trace::mark(trace::Mark::kWritten, tensor, part, via, len);
-        scheduler_.written(owner, len);
-      }))
-    abort("lost connection to " + link.desc() + " (this rack's relay for server " +
-          std::to_string(owner) + ")");
-}
-
-void Worker::check_routing(const PushPullRequest& r) const {
-  if (r.mode == PushMode::kQuorumFetch) {
-    std::string why;
-    if (!opts_.quorum)
-      why = "quorum rounds are off (FASTPS_ROUND_QUORUM unset): no round closes without it";
-    else if (opts_.servers.empty())
-      why = "this job has no servers";
-    else if (local_reduce_)
-      why =
-          "its host sums locally first (shared memory on): the servers count hosts; run "
-          "with FASTPS_SHM=0";
-    else if (!opts_.relay_via.empty())
-      why = "rack relays sum it (a relayed push is not a quorum round)";
-    else if (!r.send || !r.receive || r.pushers || r.compression.enabled())
-      why = "a fetch stands for the plain sum: no routing, no compression";
-    if (!why.empty())
-      throw std::invalid_argument("tensor '" + r.name + "': cannot fetch a closed round: " + why);
-    return;
-  }
-  if (!plain_sum(r.mode)) {
-    bool reads = r.mode == PushMode::kAsyncRead;
-    if (r.pushers || !r.receive || (r.mode == PushMode::kAsyncUpdate && !r.send) ||
-        (reads && r.send))
-      throw std::invalid_argument(
-          "tensor '" + r.name +
-          "': an async push_pull receives the parameters, sends data for an update (and "
-          "for rank 0's init), none for a read, and names no pushers");
-    if (opts_.servers.empty())
-      throw std::invalid_argument("tensor '" + r.name +
-                                  "': async mode keeps parameters on servers; this job has none "
-                                  "(a single worker trains locally)");
-    if (r.mode == PushMode::kAsyncInit && r.send != (opts_.rank == 0))
-      throw std::invalid_argument("tensor '" + r.name + "': worker " + std::to_string(opts_.rank) +
-                                  (r.send ? " sent an async init; only rank 0 sets the value"
-                                          : " is rank 0 and must send the initial value"));
-    return;
-  }
-  if (!r.send && !r.receive)
-    throw std::invalid_argument("tensor '" + r.name +
-                                "': a push_pull must send its input or receive the result");
-  if ((!r.send || !r.receive) && r.pushers == 0)
-    throw std::invalid_argument("tensor '" + r.name +
-                                "': a routed push_pull (send or receive off) must name how many "
-                                "workers push each part (pushers > 0)");
-  if (r.pushers > opts_.num_workers)
-    throw std::invalid_argument("tensor '" + r.name + "': pushers = " + std::to_string(r.pushers) +
-                                " exceeds the job's " + std::to_string(opts_.num_workers) +
-                                " workers");
-  if (r.pushers && opts_.servers.empty())
-    throw std::invalid_argument("tensor '" + r.name +
-                                "': a routed push_pull needs servers; this job has none");
-}
-
-void Worker::send_routed(const PartTask& t, const Link& link) {
-  const Handle& h = *t.handle;
-  uint32_t server = t.span.server;
-  size_t len = t.span.len;
-  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.pushers = h.pushers;
-  if (!h.send) hdr.flags |= kFlagNoData;
-  if (!h.receive) hdr.flags |= kFlagNoReply;
-  if (h.mode == PushMode::kAsyncUpdate || h.mode == PushMode::kAsyncRead) hdr.flags |= kFlagAsync;
-  if (h.mode == PushMode::kAsyncInit) hdr.flags |= kFlagAsyncInit;
-  Payload p = h.send ? Payload::memory(h.in + t.span.offset, len) : Payload{};
-  stats_.pushed_routed++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
-  // Credit counts the part's len either way: a want-only header is written at once.
-  if (!link.send(hdr, p, [this, server, len, tensor = hdr.tensor, part = hdr.part] {
-        trace::mark(trace::Mark::kWritten, tensor, part, server, len);
-        scheduler_.written(server, len);
-      }))
-    abort("lost connection to " + link.desc());
-}
-
-void Worker::send_compressed(const PartTask& t, const Link& link) {
-  const Handle& h = *t.handle;
-  uint32_t server = t.span.server;
-  size_t len = t.ticket().len;  // the compressed bytes the scheduler counts for it
-  size_t n = t.span.len / dtype_size(h.dtype);
-  FrameHeader hdr = part_header(MsgType::kPush, t, opts_.rank);
-  hdr.pushers = 0;  // every worker: compressed parts skip the local reduce
-  hdr.flags |= kFlagCompressed;
-  // A sparsity warm-up keeps more values in the part's first rounds; every worker is in
-  // the same round of the part, so the servers see the same fraction from all of them.
-  const CompressionSpec spec = h.compression.at_round(hdr.round);
-  auto bytes = encode_part(spec, h.in + t.span.offset, h.dtype, n,
-                           round_seed(spec, t.key(), hdr.round, opts_.rank),
-                           spec.error_feedback ? &error_feedback_ : nullptr, t.key());
-  hdr.len = bytes->size();
-  stats_.pushed_socket++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, hdr.len);
-  if (!link.send(hdr, Payload::memory(bytes->data(), bytes->size(), bytes),
-                 [this, server, len, tensor = hdr.tensor, part = hdr.part] {
-                   trace::mark(trace::Mark::kWritten, tensor, part, server, len);
-                   scheduler_.written(server, len);
-                 }))
-    abort("lost connection to " + link.desc());
-}
-
-bool Worker::decode_answer(Connection* c, const PartTask& t, const FrameHeader& h,
-                           const char* payload) {
-  const Handle& hd = *t.handle;
-  size_t n = t.span.len / dtype_size(hd.dtype);
-  char* out = hd.out + t.span.offset;
-  // float32 decodes straight into the output; other dtypes through a float32 buffer.
-  std::vector<float> tmp(hd.dtype == DType::kFloat32 ? 0 : n);
-  float* sum = hd.dtype == DType::kFloat32 ? reinterpret_cast<float*>(out) : tmp.data();
-  try {
-    decode_part(payload, h.len, n, sum, false);
-  } catch (const std::exception& e) {
-    abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +
-          registry_.name_of(h.tensor) + "' with a bad compressed sum: " + e.what());
-    return false;
-  }
-  if (hd.scale != 1.0) scale(sum, n, DType::kFloat32, hd.scale);
-  if (hd.dtype != DType::kFloat32) from_float(sum, n, hd.dtype, out);
-  return true;
 }
 
 void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
@@ -626,39 +418,23 @@ void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {
     *why = "unexpected frame type " + std::to_string(h.type) + " from " + c->desc();
     return nullptr;
   }
+  return on_result_header(c, h, why);
+}
+
+void* Worker::on_result_header(Connection* c, const FrameHeader& h, std::string* why) {
   trace::mark(trace::Mark::kResultHeader, h.tensor, h.part, h.sender, h.len);
   if (refers_to_slot(h)) return nullptr;  // a slot reference: nothing follows
-  {
-    PartTask t;
-    bool known = parts_.get(part_key(h.tensor, h.part), &t);
-    bool compressed = known && t.owned && t.handle->compression.enabled();
-    if (compressed != ((h.flags & kFlagCompressed) != 0)) {
-      *why = std::string(compressed ? "uncompressed" : "compressed") + " result for a part " +
-             (known ? (compressed ? "pushed compressed" : "pushed uncompressed")
-                    : "this worker is not waiting for") +
-             ", from " + c->desc();
-      return nullptr;
-    }
-    if (compressed) {
-      // The compressed sum lands in a buffer of its own; on_result decodes it into out.
-      auto buf = std::make_shared<std::vector<char>>(h.len);
-      void* dst = buf->data();
-      c->rx_hold = std::move(buf);
-      return dst;
-    }
-  }
-  if (h.len == 0) {
-    // An empty answer: the round of a part this worker pushed without wanting the result.
-    if (!parts_.awaits_empty_answer(part_key(h.tensor, h.part)))
-      *why =
-          "empty answer for a part this worker is not waiting for, or whose result it "
-          "wants, from " +
-          c->desc();
+  PartTask t;
+  bool known = parts_.get(part_key(h.tensor, h.part), &t);
+  // A part this worker pushed: its path says where the answer goes.
+  if (known && t.owned) return t.handle->path->receive(c, h, why);
+  if (h.flags & kFlagCompressed) {
+    *why = std::string("compressed result for a part ") +
+           (known ? "pushed uncompressed" : "this worker is not waiting for") + ", from " +
+           c->desc();
     return nullptr;
   }
-  void* dst = parts_.receive_into(part_key(h.tensor, h.part), h.len, true);
-  if (!dst) *why = "result for a part this worker is not waiting for, from " + c->desc();
-  return dst;
+  return receive_in_place(parts_, c, h, why);
 }
 
 void Worker::on_frame(Connection* c, const FrameHeader& h, void* payload) {
@@ -701,35 +477,13 @@ void Worker::on_result(Connection* c, const FrameHeader& h, void* payload) {
   PartTask t;
   if (!parts_.take(part_key(h.tensor, h.part), &t)) return;
   trace::mark(trace::Mark::kResult, h.tensor, h.part, h.sender, h.len);
-  // A quorum round's answer says how many rounds closed after it (docs/guide/async.md). With a
-  // local sum the host pushed, not this worker: its peers never hear it, so nobody acts.
-  if (opts_.quorum && !local_reduce_ && !t.handle->routed()) t.handle->note_lag(h.pushers);
   if (t.in_flight) scheduler_.answered(t.ticket());
   if (refers_to_slot(h) && !refers_to(h, t.stage)) {
     abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +
           registry_.name_of(h.tensor) + "' in the wrong shared-memory slot");
     return;
   }
-  if (h.flags & kFlagCompressed) {
-    auto buf = std::static_pointer_cast<std::vector<char>>(std::move(c->rx_hold));
-    if (!decode_answer(c, t, h, buf->data())) return;
-    trace::mark(trace::Mark::kDone, h.tensor, h.part, h.sender, h.len);
-    handles_.part_done(t.handle);
-  } else if (t.handle->routed()) {
-    if (t.handle->receive && t.handle->scale != 1.0)
-      scale(payload, h.len / dtype_size(t.handle->dtype), t.handle->dtype, t.handle->scale);
-    trace::mark(trace::Mark::kDone, h.tensor, h.part, h.sender, h.len);
-    handles_.part_done(t.handle);
-  } else if (local_reduce_ || !t.stage.empty()) {
-    // The sum lies in a staging slot: the local stage copies it out (and, as
-    // local owner, hands it to the local peers first).
-    reducer_->on_server_result(t);
-  } else {
-    if (t.handle->scale != 1.0)
-      scale(payload, h.len / dtype_size(t.handle->dtype), t.handle->dtype, t.handle->scale);
-    trace::mark(trace::Mark::kDone, h.tensor, h.part, h.sender, h.len);
-    handles_.part_done(t.handle);
-  }
+  t.handle->path->take_result(c, h, t, payload);
 }
 
 void Worker::on_close(Connection* c, bool clean, const std::string& reason) {
@@ -832,7 +586,7 @@ void Worker::shutdown() {
   // drop the bye still in the kernel's send buffer, and the server would see a crash.
   for (auto& per_server : links_)
     for (auto& l : per_server)
-      if (!l.connection()->closed()) ::shutdown(l.connection()->fd(), SHUT_WR);
+      if (!l.connection()->closed()) l.connection()->shutdown_send();
   for (auto& per_server : links_)
     for (auto& l : per_server)
       while (!l.connection()->closed() && std::chrono::steady_clock::now() < deadline)

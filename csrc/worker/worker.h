@@ -1,9 +1,11 @@
 // The worker's communication service, a thin front over its parts:
 // push_pull cuts a tensor into parts (Partitioner) and registers them
 // (PartTable, HandleTable); the PushScheduler decides which part goes next to
-// which server; a push thread here hands those to the connections; each server
-// answers a push with the summed part, received straight into the output
-// memory. With shared memory, the LocalReducer (local stage) moves parts
+// which server; a push thread here hands those to the handle's part path
+// (PartPaths: plain, relayed, routed, fetch or compressed, chosen once per
+// handle), which pushes them on the connections; each server answers a push
+// with the summed part, received straight into the output memory, and the
+// path takes it. With shared memory, the LocalReducer (local stage) moves parts
 // through the host's segments and sums them among local workers first. Every
 // failure goes through FailureFanout.
 #pragma once
@@ -22,6 +24,7 @@
 #include "common/errors.h"
 #include "compression/compressor.h"
 #include "compression/error_feedback.h"
+#include "transport/connection.h"
 #include "transport/link.h"
 #include "transport/tcp.h"
 #include "worker/failure_fanout.h"
@@ -31,36 +34,15 @@
 #include "worker/local_group.h"
 #include "worker/local_reducer.h"
 #include "worker/options.h"
+#include "worker/part_path.h"
 #include "worker/part_table.h"
 #include "worker/partitioner.h"
 #include "worker/push_scheduler.h"
 #include "worker/registry.h"
+#include "worker/request.h"
 #include "worker/worker_stats.h"
 
 namespace fastps {
-
-// One tensor of a push_pull_group.
-struct PushPullRequest {
-  const void* in = nullptr;
-  void* out = nullptr;
-  size_t nbytes = 0;
-  DType dtype = DType::kFloat32;
-  std::string name;
-  int priority = 0;
-  double scale = 1.0;
-  // Routing (docs/design/architecture.md, "Bytes on the wire"): send = false pushes no data and
-  // only receives the result into out; receive = false pushes in and wants no result;
-  // pushers = how many workers push each part (0: all, the plain sum). A routed
-  // push_pull goes straight to the servers (no local reduce, no staging slot).
-  bool send = true;
-  bool receive = true;
-  uint32_t pushers = 0;
-  PushMode mode = PushMode::kSum;  // async modes: docs/guide/async.md
-  // Gradient compression (docs/guide/compression.md): each part is compressed before the push
-  // and the server's compressed sum decoded into out. A compressed push_pull goes
-  // straight to the servers, as a routed one does; float dtypes only.
-  CompressionSpec compression{};
-};
 
 class Worker : public FrameHandler {
  public:
@@ -114,19 +96,10 @@ class Worker : public FrameHandler {
   std::vector<std::shared_ptr<Handle>> bucket_handles(
       const std::vector<std::shared_ptr<FusionBucket>>& buckets);
   void push_loop();
-  void send_part(PartTask t);
-  void check_routing(const PushPullRequest& r) const;
-  void send_routed(const PartTask& t, const Link& link);
-  // Rack-level hierarchy: a plain sum to this rack's relay for the part's owner.
-  void send_relayed(const PartTask& t);
-  void send_compressed(const PartTask& t, const Link& link);
-  // A catch-up fetch: want-only quorum push of the part's next round (closed already).
-  void send_fetch(const PartTask& t, const Link& link);
-  // Decodes a compressed answer into the part's output; false (and the job aborts,
-  // naming the server) if it is not a valid encoding of the part.
-  bool decode_answer(Connection* c, const PartTask& t, const FrameHeader& h, const char* payload);
-  void on_attached(Connection* c, const std::string& why_not);
+  // A server's answer to a part: checked here, taken by the part's path.
+  void* on_result_header(Connection* c, const FrameHeader& h, std::string* why);
   void on_result(Connection* c, const FrameHeader& h, void* payload);
+  void on_attached(Connection* c, const std::string& why_not);
   // Stops the push thread, the local stage and (with the loop) the network thread; once it
   // returns no stage touches a caller's memory. Idempotent; a second caller waits for the
   // first. Called before a wait reports an abort: the caller frees its tensors at once.
@@ -147,6 +120,7 @@ class Worker : public FrameHandler {
   uint32_t pushers_ = 0;                   // pushes per part each server waits for
   ErrorFeedback error_feedback_;           // compressed parts' residuals, by part key
   Stats stats_;
+  std::unique_ptr<PartPaths> paths_;  // one per kind; built last, over the parts above
 
   // Lock order of the worker and its parts (a lock may be taken while holding
   // one to its left, never the other way):

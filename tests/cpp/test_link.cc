@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "frame_recorder.h"
+#include "protocol/flags.h"
 #include "transport/link.h"
 #include "transport/payload.h"
 #include "transport/shm.h"
@@ -39,8 +40,8 @@ class LinkTest : public ::testing::Test {
     seg_ = ShmSegment::create(name_, 16 * kShmPage);
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    tx_ = std::make_shared<Connection>(sv[0], Peer{}, "tx", &null_);
-    rx_ = std::make_shared<Connection>(sv[1], Peer{}, "rx", &rec_);
+    tx_ = std::make_shared<TcpConnection>(sv[0], Peer{}, "tx", &null_);
+    rx_ = std::make_shared<TcpConnection>(sv[1], Peer{}, "rx", &rec_);
     loop_.add(tx_);
     loop_.add(rx_);
     loop_.start();
@@ -65,7 +66,7 @@ class LinkTest : public ::testing::Test {
   Null null_;
   Recorder rec_;
   EventLoop loop_{"test-link"};
-  std::shared_ptr<Connection> tx_, rx_;
+  std::shared_ptr<TcpConnection> tx_, rx_;
 };
 
 TEST_F(LinkTest, ChoosesTheWayFromPayloadAndPeer) {
@@ -114,6 +115,40 @@ TEST_F(LinkTest, SlotTravelsAsBytesToAPeerThatDidNotMapIt) {
   EXPECT_EQ(got.len, 5000u);
   EXPECT_EQ(std::memcmp(got.data, slot.data, 5000), 0);
   EXPECT_TRUE(got.keep);  // held by the receive buffer
+}
+
+TEST_F(LinkTest, SlotFieldsWithoutTheFlagAreTheApplications) {
+  char bytes[16] = {7};
+  // A relayed push's route rides in the slot fields (protocol/flags.h): it goes out as is.
+  FrameHeader relayed = header();
+  RelayRoute route;
+  route.owner = 5;
+  route.owner_pushers = 3;
+  set_relay_route(&relayed, route);
+  ASSERT_TRUE(Link(tx_, true).send(relayed, Payload::memory(bytes, sizeof bytes)));
+  // A slot reference copied from another frame is dropped, fields and flag, on either link.
+  FrameHeader stale = header();
+  stale.flags = kFlagShm | kFlagRelay;
+  stale.shm_segment = 3;
+  stale.shm_offset = kShmPage;
+  ASSERT_TRUE(Link(tx_, true).send(stale, Payload::memory(bytes, sizeof bytes)));
+  stale.flags = kFlagShm | kFlagNoPayload;
+  stale.len = 12;
+  ASSERT_TRUE(Link(tx_, false).send(stale, Payload{}));
+  ASSERT_TRUE(rec_.wait([&] { return rec_.frames.size() == 3; }));
+  EXPECT_EQ(rec_.frames[0].flags, kFlagRelay);
+  EXPECT_EQ(relay_route(rec_.frames[0]).owner, 5u);
+  EXPECT_EQ(relay_route(rec_.frames[0]).owner_pushers, 3u);
+  EXPECT_EQ(rec_.payloads[0], std::string(bytes, sizeof bytes));
+  EXPECT_EQ(rec_.frames[1].flags, kFlagRelay);
+  EXPECT_EQ(rec_.frames[1].shm_segment, 0u);
+  EXPECT_EQ(rec_.frames[1].shm_offset, 0u);
+  EXPECT_EQ(rec_.payloads[1], std::string(bytes, sizeof bytes));
+  // Header only: len stays the application's, nothing follows.
+  EXPECT_EQ(rec_.frames[2].flags, kFlagNoPayload);
+  EXPECT_EQ(rec_.frames[2].len, 12u);
+  EXPECT_EQ(rec_.frames[2].shm_offset, 0u);
+  EXPECT_EQ(rec_.payloads[2], "");
 }
 
 TEST_F(LinkTest, ReferenceOutsideTheSegmentIsRefused) {

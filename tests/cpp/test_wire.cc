@@ -133,6 +133,46 @@ TEST(Wire, RelayedPushesAreCheckedBeforeUse) {
   EXPECT_NE(why.find("other than a push as relayed"), std::string::npos) << why;
 }
 
+TEST(Wire, RelayRouteRoundTripsAndAnswersDropIt) {
+  FrameHeader h = sample();
+  h.flags = 0;
+  RelayRoute r;
+  r.owner = 7;
+  r.owner_pushers = 12;
+  set_relay_route(&h, r);
+  EXPECT_EQ(h.flags, kFlagRelay);
+  EXPECT_EQ(relay_route(h).owner, 7u);
+  EXPECT_EQ(relay_route(h).owner_pushers, 12u);
+  // The rack's sum goes up to the owner as a plain push.
+  FrameHeader up = h;
+  clear_relay_route(&up);
+  EXPECT_EQ(up.flags, 0);
+  EXPECT_EQ(up.shm_segment, 0u);
+  EXPECT_EQ(up.shm_offset, 0u);
+  // An answer keeps the part's fields and nothing of how the push travelled.
+  h.flags |= kFlagShm;
+  FrameHeader a = answer_header(h, MsgType::kError, 3);
+  EXPECT_EQ(a.type, static_cast<uint8_t>(MsgType::kError));
+  EXPECT_EQ(a.sender, 3u);
+  EXPECT_EQ(a.flags, 0);
+  EXPECT_EQ(a.shm_segment, 0u);
+  EXPECT_EQ(a.shm_offset, 0u);
+  EXPECT_EQ(a.tensor, h.tensor);
+  EXPECT_EQ(a.part, h.part);
+  EXPECT_EQ(a.len, h.len);
+  EXPECT_EQ(a.tensor_bytes, h.tensor_bytes);
+  EXPECT_EQ(a.round, h.round);
+  EXPECT_EQ(a.pushers, h.pushers);
+  // The transport's flags are the only ones wire.h defines; the protocol's are disjoint
+  // from kFlagShm, and its want-only push is the transport's header-only frame.
+  EXPECT_EQ(kFlagNoData, kFlagNoPayload);
+  EXPECT_EQ(kKnownFlags & kFlagShm, kFlagShm);
+  EXPECT_EQ(
+      (kFlagNoReply | kFlagQuorum | kFlagAsync | kFlagAsyncInit | kFlagCompressed | kFlagRelay) &
+          (kFlagShm | kFlagNoPayload),
+      0);
+}
+
 TEST(Wire, NudgesAreEmptyAndOnlyServersSendThem) {
   FrameHeader h = sample();
   h.type = static_cast<uint8_t>(MsgType::kNudge);
@@ -169,8 +209,8 @@ TEST(Wire, FramesCrossAConnectionIntact) {
   Recorder rx;
   Null tx_handler;
   EventLoop loop("test-wire");
-  auto a = std::make_shared<Connection>(sv[0], Peer{}, "a", &tx_handler);
-  auto b = std::make_shared<Connection>(sv[1], Peer{}, "b", &rx);
+  auto a = std::make_shared<TcpConnection>(sv[0], Peer{}, "a", &tx_handler);
+  auto b = std::make_shared<TcpConnection>(sv[1], Peer{}, "b", &rx);
   loop.add(a);
   loop.add(b);
   loop.start();
@@ -219,7 +259,7 @@ TEST(Wire, TcpReaderNeverWaitsForBytesNotOwed) {
   tcp_pair(&cfd, &sfd);
   Recorder rx;
   EventLoop loop("test-lowat");
-  auto b = std::make_shared<Connection>(sfd, Peer{}, "b", &rx);
+  auto b = std::make_shared<TcpConnection>(sfd, Peer{}, "b", &rx);
   loop.add(b);
   loop.start();
   FrameHeader h = sample();
@@ -268,7 +308,7 @@ TEST(Wire, GarbageMagicClosesTheConnection) {
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   Recorder rx;
   EventLoop loop("test-wire");
-  auto b = std::make_shared<Connection>(sv[1], Peer{}, "b", &rx);
+  auto b = std::make_shared<TcpConnection>(sv[1], Peer{}, "b", &rx);
   loop.add(b);
   loop.start();
   FrameHeader h = sample();
