@@ -235,7 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(f"# A: {revs[0][1]} {revs[0][0]}\n# B: {revs[1][1]} {revs[1][0]}\n")
             f.write(f"# date: {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())}\n")
             w = csv.writer(f)
-            w.writerow([*keys, "a_s", "b_s", "b_over_a", "min", "max", "a_frac", "b_frac", "pairs"])
+            w.writerow(
+                [*keys, f"a_{tcol}", f"b_{tcol}", "b_over_a", "min", "max"]
+                + [f"a_{fcol}", f"b_{fcol}", "pairs"]
+            )
             for r in rows:
                 w.writerow([f"{x:.5g}" if isinstance(x, float) else x for x in r])
         print(f"ab_rack: wrote {args.out}")
