@@ -48,6 +48,7 @@ from fastps.errors import (  # noqa: F401 - re-exported: the collective layer's 
 from fastps.worker import api
 from fastps.worker.buffers import raw_buffer
 from fastps.worker.compression import spec_for as compression_spec_for
+from fastps.worker.waitable import Waitable
 
 log = logging.getLogger("fastps.collectives")
 
@@ -393,7 +394,7 @@ def _numbering(s: _Session, ps: ProcessSet, name: str) -> Optional[Tuple[Numberi
 # --------------------------------------------------------------------------- ops
 
 
-class Op:
+class Op(Waitable):
     """A collective in progress. ``synchronize()`` waits (bounded) and returns the result."""
 
     def __init__(self, name: str, ps: ProcessSet) -> None:

@@ -34,6 +34,7 @@ from fastps.timeline import recorder as timeline_recorder
 from fastps.worker import compression as _compression
 from fastps.worker.buffers import RawBuffer, raw_buffer
 from fastps.worker.stall import StallInspector, SubmissionCounts
+from fastps.worker.waitable import Waitable
 
 if TYPE_CHECKING:
     from fastps import _core as _core_types
@@ -533,7 +534,7 @@ def num_servers() -> int:
     return len(st.membership.servers) if st.membership else 0
 
 
-class Handle:
+class Handle(Waitable):
     """A running push_pull. ``synchronize()`` waits and returns the output.
 
     ``lag`` once it returned: under quorum rounds, how many of the tensor's rounds closed

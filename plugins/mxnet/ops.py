@@ -31,6 +31,7 @@ from fastps.mxnet.compression import Compression, is_core
 from fastps.worker import api as _api
 from fastps.worker import catch_up as CU
 from fastps.worker.buffers import SUPPORTED_DTYPES, RawBuffer
+from fastps.worker.waitable import Waitable
 
 __all__ = [
     "ReduceOp",
@@ -199,7 +200,7 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
     return C.resolve_op(op, average)
 
 
-class MXHandle:
+class MXHandle(Waitable):
     """A collective in progress; :meth:`synchronize` waits and returns the output. The
     handle holds the input arrays, so they live as long as the layer may read them."""
 
@@ -841,7 +842,7 @@ class _Meta:
         return RawBuffer(_address(self.arr), nbytes, self.dtype, self.shape, self.arr)
 
 
-class _CoreHandle:
+class _CoreHandle(Waitable):
     """The gradient path's handle: the core's sum into ``out``, then a device copy."""
 
     def __init__(self, handle: Any, out: NDArray, finish: Optional[Callable[[], None]]) -> None:

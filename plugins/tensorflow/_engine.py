@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from fastps.collectives import ops as C
 from fastps.errors import FastPSError
+from fastps.worker.waitable import Waitable
 
 # TensorFlow dtypes the layer handles, by the layer's name for them.
 TF_DTYPES: Dict[tf.DType, str] = {
@@ -170,7 +171,7 @@ def from_numpy(arr: np.ndarray, dtype: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ started work
-class Work:
+class Work(Waitable):
     """Started collectives (layer ops) and how to turn their results into output arrays."""
 
     def __init__(self, ops: Sequence[Any], finish: Callable[[List[Any]], List[np.ndarray]]):
@@ -193,6 +194,8 @@ class Work:
             return self._finish(results)
 
         return call(wait_all)
+
+    wait = synchronize
 
 
 def op_name(prefix: str, name: str) -> str:

@@ -49,6 +49,7 @@ from fastps.collectives import ops as C
 from fastps.errors import FastPSError, FastPSTimeoutError
 from fastps.tensorflow import _engine as E
 from fastps.worker import api
+from fastps.worker.waitable import Waitable
 
 # How long the waiter sleeps between polls while works are pending (doubling from the
 # first to the second while nothing completes).
@@ -340,7 +341,7 @@ def call_op(
     return finish_op(start, dtypes, shapes, label)
 
 
-class ThreadWork:
+class ThreadWork(Waitable):
     """Work done by a blocking call on a thread of its own."""
 
     def __init__(self, fn: Callable[[], Sequence[np.ndarray]], label: str) -> None:
@@ -370,8 +371,10 @@ class ThreadWork:
             raise E.translated(self._error)
         return self._result
 
+    wait = synchronize
 
-class DoneWork:
+
+class DoneWork(Waitable):
     """Work that needed no waiting: its result is known when it starts."""
 
     def __init__(self, result: Sequence[np.ndarray]) -> None:
@@ -382,6 +385,8 @@ class DoneWork:
 
     def synchronize(self, timeout: Optional[float] = None) -> List[np.ndarray]:
         return self._result
+
+    wait = synchronize
 
 
 def check_op(kind: str, group: E.Group, what: str) -> Optional[tf.Tensor]:

@@ -67,9 +67,10 @@ from fastps.worker import api as _api
 from fastps.worker import catch_up as CU
 from fastps.worker.buffers import raw_buffer
 from fastps.worker.fusion_plan import FusionPlan, Row
+from fastps.worker.waitable import Waitable
 
 
-class _Direct:
+class _Direct(Waitable):
     """A gradient's Sum over the global set, straight on the core (see "The direct path")."""
 
     def __init__(
@@ -113,6 +114,8 @@ class _Direct:
                 self._lags.note(self._handle.lag)
                 self._lags = None  # noted once
         return self._out
+
+    wait = synchronize
 
 
 class RoundFetch:

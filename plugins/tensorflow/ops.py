@@ -24,6 +24,7 @@ from fastps.errors import FastPSError
 from fastps.tensorflow import _engine as E
 from fastps.tensorflow import _graph as G
 from fastps.tensorflow.compression import Compression, Compressor
+from fastps.worker.waitable import Waitable
 
 __all__ = [
     "ReduceOp",
@@ -121,7 +122,7 @@ def _graph_name(name: Optional[str], prefix: str, tensor: tf.Tensor) -> Optional
 # --------------------------------------------------------------------------- handles
 
 
-class Handle:
+class Handle(Waitable):
     """Started work: ``synchronize(handle)`` returns its result.
 
     Eagerly ``work`` is the started :class:`_engine.Work`; inside a graph ``started``
@@ -147,10 +148,12 @@ class Handle:
         self._result: Any = None
 
     @E.no_autograph
-    def synchronize(self) -> Any:
+    def synchronize(self, timeout: Optional[float] = None) -> Any:
+        """The result; eagerly each op waits at most ``timeout`` (None: the op timeout),
+        inside a graph the wait op uses the op timeout."""
         if not self._done:
             if self._work is not None:
-                arrays = self._work.synchronize()
+                arrays = self._work.synchronize(timeout)
                 outs = [tf.convert_to_tensor(a) for a in arrays]
                 self._work = None
             else:

@@ -166,7 +166,7 @@ def _process_set(process_set: Any) -> ProcessSet:
     return global_process_set if process_set is None else process_set
 
 
-class Handle:
+class Handle(Waitable):
     """A collective in progress. ``synchronize()`` waits and returns the output tensor."""
 
     def __init__(

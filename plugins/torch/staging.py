@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from fastps.errors import FastPSError
+from fastps.worker import waitable as _waitable
 from fastps.worker.api import Handle as CoreHandle
 from fastps.worker.api import push_pull_raw
 from fastps.worker.buffers import RawBuffer
@@ -39,8 +40,9 @@ def raw(t: torch.Tensor, dtype: str) -> RawBuffer:
     return RawBuffer(t.data_ptr(), t.numel() * t.element_size(), dtype, tuple(t.shape), t)
 
 
-class Waitable(ABC):
-    """Anything a plugin handle waits on: ``poll()`` and ``synchronize(timeout)``."""
+class Waitable(_waitable.Waitable, ABC):
+    """Anything a torch handle waits on (the core's protocol, core/worker/waitable.py):
+    ``poll()``, ``synchronize(timeout)`` and ``wait``."""
 
     @abstractmethod
     def poll(self) -> bool:
@@ -49,6 +51,9 @@ class Waitable(ABC):
     @abstractmethod
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Implemented by each kind of handle."""
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        self.synchronize(timeout)
 
 
 class _CoreOp(Waitable):
