@@ -38,9 +38,10 @@ def main() -> int:
 
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=120))
     rank, size = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(
-        max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    )
+    if "OMP_NUM_THREADS" not in os.environ:  # else the user's choice stands
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        )
     torch.manual_seed(42)
     x_train, y_train, x_test, y_test = load_data()
     model = DDP(build_model("mlp"))  # DDP broadcasts rank 0's weights

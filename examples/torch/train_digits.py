@@ -91,7 +91,9 @@ def main() -> int:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    # This host's cores shared by its workers, unless OMP_NUM_THREADS says otherwise.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     torch.manual_seed(args.seed)
 
     x_train, y_train, x_test, y_test = load_data()

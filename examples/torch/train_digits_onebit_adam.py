@@ -41,7 +41,8 @@ def main() -> int:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    if "OMP_NUM_THREADS" not in os.environ:  # else the user's choice stands
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_data()
     model = build_model(args.model)
