@@ -40,6 +40,7 @@ __all__ = [
     "elastic_addr",
     "elastic_defer_join",
     "elastic_discovery_interval",
+    "elastic_drain_timeout",
     "elastic_id",
     "elastic_inplace",
     "elastic_job_id",
@@ -149,6 +150,9 @@ DEFAULT_SFB = "off"
 DEFAULT_ELASTIC_TIMEOUT = 600.0
 DISCOVERY_INTERVAL = 1.0
 MIN_DISCOVERY_INTERVAL = 0.05
+# How long a worker whose host left the discovery output may take to reach its next commit
+# (it leaves there, without a rollback of the others) before it is stopped (0: at once).
+DEFAULT_ELASTIC_DRAIN_TIMEOUT = 60.0
 
 # Fallback variables, in order of preference, when the FASTPS_ one is unset.
 # Open MPI's before SLURM's: the ranks mpirun starts inside a batch script also inherit the
@@ -541,6 +545,13 @@ def elastic_discovery_interval(env: Optional[Mapping[str, str]] = None) -> float
     return max(value, MIN_DISCOVERY_INTERVAL)
 
 
+def elastic_drain_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """FASTPS_ELASTIC_DRAIN_TIMEOUT: seconds a worker whose host left the discovery output
+    may take to reach its next commit, where it leaves without a rollback of the others;
+    after that it is stopped (the others roll back). 0: stopped at once."""
+    return _read(env).seconds0("FASTPS_ELASTIC_DRAIN_TIMEOUT", DEFAULT_ELASTIC_DRAIN_TIMEOUT)
+
+
 def elastic_defer_join(env: Optional[Mapping[str, str]] = None) -> bool:
     """FASTPS_ELASTIC_DEFER_JOIN: a new worker interrupts the others at the first commit
     after it asked to join, not after it was discovered (default off)."""
@@ -755,7 +766,8 @@ class Config:
     # FASTPS_ELASTIC_ADDR (its rendezvous service; "" means not an elastic worker),
     # FASTPS_ELASTIC_ID (the worker's slot), FASTPS_ELASTIC_JOB_ID, FASTPS_ELASTIC_TIMEOUT.
     # FASTPS_ELASTIC_INPLACE: "", "commit" or "any". The driver's own:
-    # FASTPS_ELASTIC_DISCOVERY_INTERVAL and FASTPS_ELASTIC_DEFER_JOIN.
+    # FASTPS_ELASTIC_DISCOVERY_INTERVAL, FASTPS_ELASTIC_DEFER_JOIN and
+    # FASTPS_ELASTIC_DRAIN_TIMEOUT.
     elastic_addr: str = ""
     elastic_id: str = ""
     elastic_job_id: str = ""
@@ -763,6 +775,7 @@ class Config:
     elastic_inplace: str = ""
     elastic_discovery_interval: float = DISCOVERY_INTERVAL
     elastic_defer_join: bool = False
+    elastic_drain_timeout: float = DEFAULT_ELASTIC_DRAIN_TIMEOUT
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Config:
@@ -916,6 +929,7 @@ class Config:
             elastic_inplace=elastic_inplace(e.env),
             elastic_discovery_interval=elastic_discovery_interval(e.env),
             elastic_defer_join=elastic_defer_join(e.env),
+            elastic_drain_timeout=elastic_drain_timeout(e.env),
         )
 
     def part_sizes(self, hostnames: Sequence[str], racks: bool = False) -> Tuple[int, int]:

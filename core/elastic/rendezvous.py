@@ -35,6 +35,32 @@ WATCH_TIMEOUT = 30.0
 _standby_hooks: List[Callable[[], None]] = []
 _warmed = False
 
+# Commits this process made (State.commit counts them): a worker whose host left the
+# discovery output says after which one it stops.
+_commits = 0
+
+
+class Drained(FastPSError):
+    """fastpsrun's answer to a worker whose host (or slot) left the discovery output: it
+    committed and left its generation, the others go on without it; this process exits 0
+    (``hvd.elastic.run`` turns this into ``SystemExit(0)``)."""
+
+    def __init__(self, reason: str, commits: int) -> None:
+        super().__init__(f"{reason}: this worker stops after commit {commits}")
+        self.reason = reason
+        self.commits = commits
+
+
+def committed() -> None:
+    """Counts a commit of this process (``State.commit``)."""
+    global _commits
+    _commits += 1
+
+
+def commits() -> int:
+    return _commits
+
+
 # Whether the next join asks to stay in place (inplace.py): fastpsrun keeps the world's
 # ranks and tells every member whether in-place replacement was granted.
 _in_place = False
@@ -74,7 +100,13 @@ def join() -> Config:
     me = config.elastic_id()
     while True:
         answer = wire.request(
-            {"type": "rendezvous", "id": me, "after": _generation, "in_place": _in_place},
+            {
+                "type": "rendezvous",
+                "id": me,
+                "after": _generation,
+                "in_place": _in_place,
+                "commits": _commits,
+            },
             timeout=config.elastic_timeout() + _MARGIN,
             job_id=_base_job_id(),
         )
@@ -83,6 +115,8 @@ def join() -> Config:
         if answer.get("type") != "standby":
             break
         _warm_up()
+    if answer.get("type") == "leave":
+        raise Drained(str(answer.get("reason") or "this worker was removed"), _commits)
     if answer.get("type") != "assignment":
         raise FastPSError(f"elastic worker {me}: unexpected rendezvous answer {answer!r}")
     env = {

@@ -2,8 +2,10 @@
 
 ``run_fn(func, reset)`` wraps a training function ``func(state, ...)``: sync the state
 from rank 0, run; on ``HorovodInternalError`` (a peer died: the generation's ops failed)
-restore the last commit; on ``HostsUpdatedInterrupt`` (workers joined) keep the state as
-is; then ``reset()`` (leave this generation, join the next) and go round again.
+restore the last commit; on ``HostsUpdatedInterrupt`` (workers joined or left) keep the
+state as is; then ``reset()`` (leave this generation, join the next) and go round again.
+A worker whose host left the discovery output is told so by the rendezvous once it has
+committed and left its generation (``rendezvous.Drained``): it exits 0 (``SystemExit``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable, TypeVar
 
 from fastps.elastic import inplace, notifications, rendezvous
 from fastps.elastic.generation import generation_failed
+from fastps.elastic.rendezvous import Drained
 from fastps.elastic.state import State
 from fastps.errors import FastPSError, HostsUpdatedInterrupt
 
@@ -31,6 +34,8 @@ def _reset_until_joined(reset: Callable[[], None]) -> None:
         try:
             reset()
             return
+        except Drained:
+            raise
         except FastPSError as exc:
             if not generation_failed(exc):
                 raise
@@ -54,6 +59,15 @@ def run_fn(
             notifications.remove_listener(state)
 
     def _loop(state: State, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return _rounds(state, *args, **kwargs)
+        except Drained as exc:
+            # This worker's host left the discovery output: it committed, left its
+            # generation, and the others go on without it (fastpsrun's answer).
+            log.warning("%s", exc)
+            raise SystemExit(0) from None
+
+    def _rounds(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
         while True:
             try:
@@ -72,6 +86,8 @@ def run_fn(
                 state.on_reset()
                 skip_sync = False
                 continue
+            except Drained:
+                raise  # fastpsrun told this worker to leave (_loop)
             except FastPSError as exc:
                 if not generation_failed(exc):
                     raise

@@ -51,7 +51,8 @@ class State(ABC):
         """Saves the state (the point a failure rolls back to), then raises
         ``HostsUpdatedInterrupt`` on every rank if workers joined or left since."""
         self.save()
-        self.check_host_updates()
+        rendezvous.committed()
+        self._check_host_updates(in_commit=True)
         inplace.opened()  # what this worker holds is the commit until the next update
 
     def serve(self) -> None:
@@ -65,6 +66,15 @@ class State(ABC):
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when the driver saw hosts
         added or removed since this generation formed. Rank 0 asks the driver; its answer is
         broadcast, so all ranks decide alike (a collective: call it on every rank)."""
+        self._check_host_updates(in_commit=False)
+
+    def _check_host_updates(self, in_commit: bool) -> None:
+        """``check_host_updates``; ``in_commit``: right after ``save()``. Then, when
+        workers of this generation leave here (their host left the discovery output:
+        they are drained, docs/guide/elastic.md), every rank first syncs from rank 0 while
+        the leaving ones still take part, and commits the result: what only they knew
+        (an ``ElasticSampler``'s processed samples) stays in the world, and the others go
+        on from this commit without a rollback or another sync."""
         newest = self._last_updated_timestamp
         while not self._host_messages.empty():
             newest = max(newest, self._host_messages.get_nowait()[0])
@@ -73,17 +83,25 @@ class State(ABC):
             return
         from fastps.worker import api
 
-        flags = np.zeros(3, np.float64)
+        flags = np.zeros(4, np.float64)
         if self._rank() == 0:
             answer = rendezvous.host_updates()
             newest = max(newest, int(answer.get("epoch", 0)))
-            flags[:] = (bool(answer.get("updated")), bool(answer.get("removed_only")), newest)
+            flags[:] = (
+                bool(answer.get("updated")),
+                bool(answer.get("removed_only")),
+                newest,
+                bool(answer.get("draining")),
+            )
         # Rank 0's answer as a sum (the others add zeros), not a broadcast: with elastic
         # servers a sum in flight when a server dies is summed again on the others; a
         # broadcast would fail and roll the generation back (docs/guide/elastic.md).
         total = api.push_pull(flags, average=False, name="fastps.elastic.host_updates")
         self._last_updated_timestamp = int(total[2])
         if total[0] > 0:
+            if total[3] > 0 and in_commit:
+                self.sync()
+                self.save()
             raise HostsUpdatedInterrupt(bool(total[1] > 0))
 
     @abstractmethod

@@ -3,8 +3,12 @@
 The job is a sequence of generations (``rendezvous.py``). The driver
 
 - runs the host discovery script every ``discovery_interval`` seconds and starts a worker
-  process for each new slot (up to ``--max-np``); a slot whose host disappears has its
-  worker stopped; a slot whose worker failed (``--blacklist slot``) or every slot of its
+  process for each new slot (up to ``--max-np``); a slot that disappears has its worker
+  *drained* when it is in the current generation (Horovod's way: every worker is told, the
+  next commit raises ``HostsUpdatedInterrupt`` on every rank after saving, the next
+  generation forms without it and its rendezvous answer tells it to exit 0, so nobody rolls
+  back; stopped after ``FASTPS_ELASTIC_DRAIN_TIMEOUT`` if it reaches no commit), stopped at
+  once otherwise; a slot whose worker failed (``--blacklist slot``) or every slot of its
   host (``--blacklist host``, Horovod's rule) is not used again, or only after a cooldown
   (``--blacklist-cooldown-range``);
 - answers each worker's rendezvous: once every live worker asks for a new generation (and
@@ -79,6 +83,7 @@ SPARE_STANDBY = 5.0  # a spare's rendezvous request is answered "ask again" this
 REQUEST_READ_TIMEOUT = 10.0  # a client must send its request this soon after connecting
 WATCH_WAIT = 20.0  # a watch request is answered at the latest after this long
 RESET_LIMIT_MESSAGE = "number of resets exceeded --reset-limit {limit}"
+LEAVE_EXIT_TIMEOUT = 30.0  # a drained worker told to leave must exit this soon, else stopped
 
 
 def discovery_interval(env: Mapping[str, str]) -> float:
@@ -135,16 +140,20 @@ class _Slot:
     host: str
     seq: int  # start order: newcomers are ranked by it
     child: Child
-    state: str = "running"  # running | stopping (host removed) | done | failed | removed
+    # running | draining (its slot left the discovery output: it leaves at its next commit)
+    # | stopping (being stopped) | done | failed | removed
+    state: str = "running"
     ready: bool = False  # asked for a generation at least once
     announced: bool = False  # its arrival was counted as a host update
     spare: bool = False  # started to replace a failed worker, not in any generation yet
     joined: Set[int] = field(default_factory=set)  # generations this process was given
     why: str = ""  # why it left the job (lost, exited, host removed), for its fencing
+    drain_since: float = 0.0  # when it began draining (monotonic)
+    left_at: Optional[float] = None  # when a draining worker was told to leave (monotonic)
 
     @property
     def running(self) -> bool:
-        return self.state in ("running", "stopping")
+        return self.state in ("running", "draining", "stopping")
 
 
 class ElasticLauncher(Launcher):
@@ -209,6 +218,9 @@ class ElasticLauncher(Launcher):
         self.max_np = max_np
         self.initial_np = num_workers or max_np
         self.elastic_timeout = float(elastic_timeout)
+        # A removed slot's worker is drained (it leaves at its next commit) for at most this
+        # long (FASTPS_ELASTIC_DRAIN_TIMEOUT, bounded by --elastic-timeout); 0: stopped at once.
+        self.drain_timeout = min(self.config.elastic_drain_timeout, self.elastic_timeout)
         self.discovery_interval = discovery_interval
         self.reset_limit = reset_limit
         self.blacklist_scope = blacklist_scope
@@ -480,6 +492,7 @@ class ElasticLauncher(Launcher):
             with self.cond:
                 self._act_on_verdicts(now)
                 self._reap(now)
+                self._check_drains(now)
                 if hosts is not None and not self.finishing:
                     self._apply_discovery(hosts, limit=self.max_np)
                 self._maybe_form(now)
@@ -532,6 +545,9 @@ class ElasticLauncher(Launcher):
             if generation != self.generation or not 0 <= rank < len(self.members):
                 continue
             slot = self.slots[self.members[rank]]
+            if slot.state == "draining" and slot.left_at is None:
+                self._stop_draining(slot, now, f"it was lost before its next commit: {reason}")
+                continue
             if slot.state != "running":
                 continue
             slot.state = "failed"
@@ -560,9 +576,23 @@ class ElasticLauncher(Launcher):
             if rc is None:
                 continue
             s.child.reported = True
+            label = self._worker_label(s.child)
             if s.state == "stopping":
                 s.state = "removed"
                 s.why = s.why or "stopped by fastpsrun"
+            elif s.state == "draining" and s.left_at is not None:
+                s.state = "removed"  # it left at a commit, told by its rendezvous answer
+                say(f"drained worker on slot {s.id} ({label}) {describe_exit(rc)}")
+            elif s.state == "draining" and rc != 0:
+                # It ended before its next commit: its generation fails (the others roll
+                # back to their last commit), as any failure does; its slot is gone anyway.
+                s.state = "removed"
+                s.why = f"{s.why}; it {describe_exit(rc)} before its next commit"
+                self.failure_at = now
+                say(
+                    f"worker on slot {s.id} ({label}) {describe_exit(rc)} while it drained "
+                    "(before its next commit): the others roll back to their last commit"
+                )
             elif rc == 0:
                 s.state = "done"
                 if s.id in self.members:
@@ -591,6 +621,49 @@ class ElasticLauncher(Launcher):
                     s.state = "stopping"
                     self._signal_worker(s, signal.SIGTERM)
 
+    def _check_drains(self, now: float) -> None:
+        """Stops a draining worker that reached no commit within the drain timeout (its
+        generation then fails, and the others roll back to their last commit), and one told
+        to leave that did not exit within LEAVE_EXIT_TIMEOUT (it left its generation: the
+        others lose nothing)."""
+        for s in self.slots.values():
+            if s.state != "draining":
+                continue
+            if s.left_at is not None:
+                if now - s.left_at > LEAVE_EXIT_TIMEOUT:
+                    s.state = "stopping"
+                    say(
+                        f"drained worker on slot {s.id} ({self._worker_label(s.child)}) still "
+                        f"runs {LEAVE_EXIT_TIMEOUT:g} s after it was told to leave: stopping it"
+                    )
+                    self._signal_worker(s, signal.SIGTERM)
+            elif now - s.drain_since > self.drain_timeout:
+                self._stop_draining(
+                    s,
+                    now,
+                    f"it reached no commit within the drain timeout of {self.drain_timeout:g} s "
+                    f"({self._drain_limit_source()})",
+                )
+
+    def _drain_limit_source(self) -> str:
+        if self.drain_timeout < self.config.elastic_drain_timeout:
+            return "--elastic-timeout, shorter than FASTPS_ELASTIC_DRAIN_TIMEOUT"
+        return "FASTPS_ELASTIC_DRAIN_TIMEOUT"
+
+    def _stop_draining(self, slot: _Slot, now: float, why: str) -> None:
+        """A draining worker that cannot leave at a commit is stopped as a removed worker
+        was before drains existed: its generation fails and the others roll back."""
+        slot.state = "stopping"
+        slot.why = f"{slot.why}; {why}"
+        self.failure_at = now
+        say(
+            f"worker on slot {slot.id} ({self._worker_label(slot.child)}): {slot.why}; "
+            "stopping it, the others roll back to their last commit"
+        )
+        self._signal_worker(slot, signal.SIGTERM)
+        self._signal_worker(slot, signal.SIGCONT)  # a stopped process must run to exit
+        self.cond.notify_all()
+
     def _discover(self) -> Optional[Dict[str, int]]:
         """The discovery script's hosts, or None (said once) when it fails."""
         try:
@@ -609,24 +682,24 @@ class ElasticLauncher(Launcher):
         usable = self._usable_hosts(hosts)
         offered = [f"{h}:{i}" for h, i in discovery.slots(usable)]
         hostof = {f"{h}:{i}": h for h, i in discovery.slots(usable)}
+        now = time.monotonic()
         for s in self.slots.values():
             if s.state == "running" and s.id not in hostof:
-                s.state = "stopping"
-                s.why = "its slot left the discovery output"
-                if not s.spare:
-                    self._host_update(added=False)
-                say(f"slot {s.id} left the discovery output: stopping its worker")
-                self._signal_worker(s, signal.SIGTERM)
-        alive = sum(1 for s in self.slots.values() if s.running and not s.spare)
+                self._remove(s, f"host {host_label(s.host)}" if s.host not in hosts else None, now)
+        # A draining worker leaves at its next commit: its slot may get a new worker now.
+        alive = sum(
+            1 for s in self.slots.values() if s.state in ("running", "stopping") and not s.spare
+        )
         spares = sum(1 for s in self.slots.values() if s.running and s.spare)
-        # Spares about to take the places of failed members count as workers already.
-        holes = sum(1 for sid in self.members if not self.slots[sid].running)
-        now = time.monotonic()
+        # Spares about to take the places of failed (or draining) members count as workers.
+        holes = sum(
+            1 for sid in self.members if self.slots[sid].state not in ("running", "stopping")
+        )
         for slot_id in offered:
             if alive + min(spares, holes) >= limit and spares >= self.spares:
                 break
             old = self.slots.get(slot_id)
-            if old is not None and old.state in ("running", "stopping", "done"):
+            if old is not None and old.state in ("running", "draining", "stopping", "done"):
                 continue
             host = hostof[slot_id]
             key = host if self.blacklist_scope == "host" else slot_id
@@ -642,6 +715,36 @@ class ElasticLauncher(Launcher):
             else:
                 self._start_worker(slot_id, host, announce=False, spare=True)
                 spares += 1
+
+    def _remove(self, slot: _Slot, host: Optional[str], now: float) -> None:
+        """``slot`` (or its whole ``host``) left the discovery output. A worker of the current
+        generation is drained (Horovod's way): the workers are told (a new host epoch), the
+        next commit raises ``HostsUpdatedInterrupt`` on every rank after saving, and its
+        rendezvous answer then tells it to exit 0 while the others form the next generation
+        without it: nobody rolls back. Bounded by the drain timeout (``_check_drains``).
+        Any other worker (starting, waiting to join, a spare) holds nothing: stopped now."""
+        reason = f"{host or 'slot ' + slot.id} left the discovery output"
+        slot.why = reason
+        if not slot.spare:
+            self._host_update(added=False)
+        label = self._worker_label(slot.child)
+        if (
+            self.drain_timeout > 0
+            and not slot.spare
+            and slot.id in self.members
+            and not self.finishing
+        ):
+            slot.state = "draining"
+            slot.drain_since = now
+            say(
+                f"{reason}: its worker on slot {slot.id} ({label}) leaves the job at its next "
+                f"commit (drained, the others do not roll back; drain timeout "
+                f"{self.drain_timeout:g} s)"
+            )
+            return
+        slot.state = "stopping"
+        say(f"{reason}: stopping its worker on slot {slot.id} ({label})")
+        self._signal_worker(slot, signal.SIGTERM)
 
     # ------------------------------------------------------------ generations
     def _maybe_form(self, now: float) -> None:
@@ -912,17 +1015,26 @@ class ElasticLauncher(Launcher):
                 gen = msg.get("generation")
                 updated = gen != self.generation or self.epoch > self.gen_epoch
                 added = any(e > self.gen_epoch for e in self.added_epochs)
+                # Members that leave at this commit: every rank syncs before they go.
+                draining = gen == self.generation and any(
+                    self.slots[sid].state == "draining" and self.slots[sid].left_at is None
+                    for sid in self.members
+                )
                 return {
                     "type": "updates",
                     "updated": bool(updated),
                     "removed_only": bool(updated and not added),
                     "epoch": self.epoch,
+                    "draining": draining,
                 }
         if kind == "watch":
             return self._watch(msg.get("after"))
         if kind == "rendezvous":
             return self._rendezvous(
-                str(msg.get("id", "")), int(msg.get("after", -1)), bool(msg.get("in_place"))
+                str(msg.get("id", "")),
+                int(msg.get("after", -1)),
+                bool(msg.get("in_place")),
+                int(msg.get("commits", -1)),
             )
         return {"type": "error", "message": f"unknown request {kind!r}"}
 
@@ -961,9 +1073,9 @@ class ElasticLauncher(Launcher):
         was started again (it names a generation the current process never joined)."""
         if slot is None:
             return f"slot {slot_id!r} is not a worker of this job (no worker was started on it)"
-        if slot.state == "running" and (after < 0 or after in slot.joined):
+        if slot.state in ("running", "draining") and (after < 0 or after in slot.joined):
             return None
-        if slot.state == "running":
+        if slot.state in ("running", "draining"):
             why = (
                 f"a newer worker runs on the slot; this process last joined generation {after}, "
                 "which the newer one never did"
@@ -982,7 +1094,9 @@ class ElasticLauncher(Launcher):
             )
         return message
 
-    def _rendezvous(self, slot_id: str, after: int, in_place: bool = False) -> Dict[str, Any]:
+    def _rendezvous(
+        self, slot_id: str, after: int, in_place: bool = False, commits: int = -1
+    ) -> Dict[str, Any]:
         deadline = time.monotonic() + self.rendezvous_timeout + 10.0
         with self.cond:
             slot = self.slots.get(slot_id)
@@ -990,6 +1104,8 @@ class ElasticLauncher(Launcher):
             if refusal is not None:
                 return {"type": "error", "message": refusal}
             assert slot is not None
+            if slot.state == "draining" and not self._assigned(slot_id, after):
+                return self._leave(slot, commits)
             self.waiting.setdefault(slot_id, time.monotonic())
             if in_place:
                 self.in_place_asks.add(slot_id)
@@ -1005,8 +1121,10 @@ class ElasticLauncher(Launcher):
                     self._host_update(added=True)
             standby = time.monotonic() + SPARE_STANDBY
             while True:
-                if self.generation > after and slot_id in self.assignments:
+                if self._assigned(slot_id, after):
                     return dict(self.assignments[slot_id])
+                if slot.state == "draining":
+                    return self._leave(slot, commits)
                 if slot.spare and slot.state == "running" and time.monotonic() > standby:
                     return {"type": "standby"}  # asks again: its wait has no end
                 if self.error is not None:
@@ -1017,3 +1135,24 @@ class ElasticLauncher(Launcher):
                 if left <= 0:
                     return {"type": "error", "message": "no generation formed in time"}
                 self.cond.wait(min(left, 1.0))
+
+    def _assigned(self, slot_id: str, after: int) -> bool:
+        """Whether a generation after ``after`` formed with ``slot_id`` in it."""
+        return self.generation > after and slot_id in self.assignments
+
+    def _leave(self, slot: _Slot, commits: int) -> Dict[str, Any]:
+        """The answer to a draining worker's rendezvous: it committed and left its
+        generation; it exits 0 (``fastps.elastic.rendezvous.Drained``)."""
+        self.waiting.pop(slot.id, None)
+        self.in_place_asks.discard(slot.id)
+        now = time.monotonic()
+        if slot.left_at is None:
+            slot.left_at = now
+            after = f"commit {commits}" if commits >= 0 else "its last commit"
+            say(
+                f"worker on slot {slot.id} ({self._worker_label(slot.child)}) drained: "
+                f"{slot.why}; it stops after {after} and exits, the others go on without a "
+                f"rollback ({now - slot.drain_since:.2f} s after it began draining)"
+            )
+        self.cond.notify_all()
+        return {"type": "leave", "reason": slot.why, "generation": self.generation}

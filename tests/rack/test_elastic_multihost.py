@@ -11,7 +11,9 @@ final parameters do not depend on the world size: they must equal a one-process 
   (w9) is left out with a message naming it;
 - w2's link is cut for 25 s (its switch port down): the scheduler's heartbeat verdict takes
   it out, the survivors go on within the heartbeat timeout + 2 s; after the heal the cut
-  worker never joins a later generation and nothing of it is left on w2.
+  worker never joins a later generation and nothing of it is left on w2;
+- w2 leaves the discovery output: its worker (started over ssh) is drained, it leaves at the
+  next commit and exits 0 through its agent, the others never roll back.
 
 Needs root (namespaces) and OpenSSH (benchmarks/rack/setup_deps.sh --ssh). Rack prefix
 ``fpse``.
@@ -263,6 +265,57 @@ def test_link_cut_worker_is_left_behind_and_fenced_after_the_heal(machines) -> N
                 print(line)
         fenced = re.search(r"fenced: a process of slot w2:0 asked to join .*", out)
         print("after the heal:", fenced.group(0) if fenced else "(w2's agent stopped it first)")
+        _assert_nothing_left(rack, m)
+
+
+@pytest.mark.timeout(150)
+def test_host_removed_from_discovery_is_drained(machines) -> None:
+    """w2 leaves the discovery output after step 5 (commits every 3 steps): its worker, on
+    another machine, leaves at the next commit and exits 0 (its agent reports it); the
+    three others go on without a rollback and finish exactly."""
+    rack, m = machines
+    with tempfile.TemporaryDirectory(prefix="fpse-") as tmp:
+        folder = Path(tmp)
+        hosts, script = _discovery(folder, "w0:1;w1:1;w2:1")
+        steps = 15
+        proc = _elastic(
+            m,
+            folder,
+            "drain",
+            [*ARGS, "--host-discovery-script", str(script)],
+            {
+                "STEPS": str(steps),
+                "STEP_SLEEP": "0.3",
+                "COMMIT_EVERY": "3",
+                "GROW_AT": f"5@{hosts}@w0:1;w1:1",
+            },
+        )
+        code, out = _wait(rack, proc, "drain", 120)
+        assert code == 0, out[-6000:]
+        assert "host w2 left the discovery output: its worker on slot w2:0" in out, out[-6000:]
+        said = re.search(
+            r"host w2 left the discovery output: this worker stops after commit \d+", out
+        )
+        assert said and "[worker 2@w2]" in out[: said.end()].splitlines()[-1], out[-6000:]
+        assert re.search(
+            r"drained worker on slot w2:0 \(on w2, ssh pid \d+\) exited with code 0", out
+        )
+        assert "RESTORE" not in out and "restoring the last commit" not in out, out[-6000:]
+        gens = _generations(out)
+        assert gens == ["w0:0, w1:0, w2:0", "w0:0, w1:0"], gens
+        sizes = _sizes(out)
+        assert sizes[1] == 3 and sizes[steps] == 2, sizes
+        # rank 0 applied every step once, in order: no step was done again
+        assert [n for n, _ in sorted(sizes.items())] == list(range(1, steps + 1))
+        assert len(re.findall(r"^\[worker 0\] STEP ", out, re.M)) == steps, out[-6000:]
+        _assert_reference(folder, steps)
+        times = [t for t, _ in _steps(out)]
+        change = next(i for i, (_, n) in enumerate(_steps(out)) if n == 2)
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        print(
+            f"rank 0's step across the change {times[change] - times[change - 1]:.2f} s "
+            f"(median step {gaps[len(gaps) // 2]:.2f} s)"
+        )
         _assert_nothing_left(rack, m)
 
 
