@@ -67,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -203,26 +204,28 @@ def link_tx_bytes(dev: str) -> Optional[int]:
 # ----------------------------------------------------------------------------- worker
 
 
-class Comm:
+class Comm(ABC):
     """One system's side of a training job: wraps the model and optimizer, syncs local
     methods at the end of an epoch, sums the evaluation's counts."""
 
     rank = 0
     size = 1
 
+    @abstractmethod
     def wrap(self, model: Any, lr: float, total_steps: int) -> Tuple[Any, Any]:
-        raise NotImplementedError
+        """(model, optimizer) as this system trains them."""
 
-    def epoch_end(self) -> None:
+    def epoch_end(self) -> None:  # noqa: B027 - optional: only local methods sync here
         """Local methods: synchronise the steps taken since the last outer step."""
 
+    @abstractmethod
     def sum(self, values: List[float]) -> List[float]:
-        raise NotImplementedError
+        """The element-wise sum of ``values`` over every rank."""
 
     def socket_bytes(self) -> Optional[int]:
         return None
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional: nothing to close by default
         pass
 
 
