@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
+from abc import ABC, abstractmethod
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 _TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
@@ -62,18 +63,21 @@ def delta(after: Mapping[str, float], before: Mapping[str, float]) -> Dict[str, 
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
-class CpuSampler:
-    """Samples ``thread_cpu`` of labelled processes every ``interval`` seconds on a
-    thread of its own, with the wall-clock time (``time.time()``) of each sample."""
+class _Sampling(ABC):
+    """Calls ``sample()`` every ``interval`` seconds on a thread of its own while the
+    ``with`` block runs, keeping (wall-clock time, value) pairs in ``samples``."""
 
-    def __init__(self, pids: Mapping[str, int], interval: float = 0.2) -> None:
-        self.pids = dict(pids)
+    def __init__(self, interval: float, name: str) -> None:
         self.interval = interval
-        self.samples: List[Tuple[float, Dict[str, Dict[str, float]]]] = []
+        self.samples: List[Tuple[float, Any]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> CpuSampler:
+    @abstractmethod
+    def sample(self) -> Any:
+        """One reading (what each sampler reads)."""
+
+    def __enter__(self) -> Any:
         self._thread.start()
         return self
 
@@ -83,9 +87,20 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now = time.time()
-            self.samples.append((now, {k: thread_cpu(p) for k, p in self.pids.items()}))
+            self.samples.append((time.time(), self.sample()))
             self._stop.wait(self.interval)
+
+
+class CpuSampler(_Sampling):
+    """Samples ``thread_cpu`` of labelled processes every ``interval`` seconds on a
+    thread of its own, with the wall-clock time (``time.time()``) of each sample."""
+
+    def __init__(self, pids: Mapping[str, int], interval: float = 0.2) -> None:
+        super().__init__(interval, "cpu-sampler")
+        self.pids = dict(pids)
+
+    def sample(self) -> Dict[str, Dict[str, float]]:
+        return {k: thread_cpu(p) for k, p in self.pids.items()}
 
     def window(self, t0: float, t1: float) -> Tuple[float, Dict[str, Dict[str, float]]]:
         """(seconds, per label the per-thread CPU seconds) between the first sample at or
@@ -107,30 +122,17 @@ def machine_busy_seconds() -> float:
     return (user + system + irq + softirq + steal) * _TICK
 
 
-class MachineCpuSampler:
+class MachineCpuSampler(_Sampling):
     """Samples ``machine_busy_seconds`` every ``interval`` seconds (wall-clock time of each
     sample) so that the CPU the whole machine spent inside given wall-clock spans, the
     timed iterations of a job, can be read off afterwards: every process of every emulated
     host, and the kernel's packet work (softirq) that belongs to no process."""
 
     def __init__(self, interval: float = 0.01) -> None:
-        self.interval = interval
-        self.samples: List[Tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="machine-cpu", daemon=True)
+        super().__init__(interval, "machine-cpu")
 
-    def __enter__(self) -> MachineCpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), machine_busy_seconds()))
-            self._stop.wait(self.interval)
+    def sample(self) -> float:
+        return machine_busy_seconds()
 
     def _at(self, t: float) -> Optional[float]:
         """Busy seconds at wall time ``t``, interpolated between the samples around it."""
