@@ -16,6 +16,9 @@ TorchDistributor train on fastps unchanged. How the pieces map:
 * a work object is a ``torch.futures.Future`` the group's completion thread fulfils in
   call order (collectives of one group complete in order on every member); an error
   (a mismatch, a dead rank: the scheduler names it) is set on the future;
+* CUDA tensors are copied to host memory when the op is called (after the caller's
+  stream's work on them) and back on the completion thread; the work's future names their
+  devices, so a waiter's stream waits for the copies back;
 * ``allreduce`` priorities follow DDP's bucket order: within a burst of allreduces (issued
   while earlier ones are in flight, as DDP's backward does) a later one goes first, since
   it holds the layers the next forward pass needs first.
@@ -27,7 +30,7 @@ import datetime
 import logging
 import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -44,6 +47,9 @@ __all__ = ["FastPSProcessGroup", "create_process_group", "register", "BACKEND"]
 log = logging.getLogger("fastps.torch.process_group")
 
 BACKEND = "fastps"
+# CUDA tensors are staged through host memory (a GPU job with CPU servers needs no second
+# backend for its GPU tensors).
+DEVICES = ("cpu", "cuda")
 WINDOW = 4096  # op names repeat after this many ops of a group
 SET_SEQ_KEY = "fastps/member_set_seq"
 SET_ID_KEY = "fastps/process_set_id"
@@ -94,6 +100,29 @@ class _FastPSWork(dist.Work):
 
 
 _create_work = _FastPSWork
+
+
+def _cuda_devices(obj: Any, found: Set[torch.device]) -> None:
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cuda":
+            found.add(obj.device)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _cuda_devices(item, found)
+
+
+def _future(result: Any) -> Future:
+    """The future of an op whose value will be ``result``. CUDA tensors are staged through
+    host memory (copied out at the call on the caller's stream, back on the completion
+    thread); a future that holds them must name their devices (torch refuses the value
+    otherwise), and then makes a waiter's current stream wait for the copies back."""
+    found: Set[torch.device] = set()
+    _cuda_devices(result, found)
+    if not found:
+        return Future()  # CPU ops never touch CUDA
+    devices: List[Union[int, str, torch.device]] = sorted(found, key=str)
+    return Future(devices=devices)
+
 
 # torch dtypes the servers reduce as they are (bfloat16 as its bits, summed as bfloat16).
 _CORE = {
@@ -361,9 +390,10 @@ class FastPSProcessGroup(dist.ProcessGroup):
             raise ValueError(f"fastps backend: {what}: rank {group_rank} is not in this group")
         return ranks[group_rank]
 
-    def _submit(self, name: str, finish: Callable[[], Any]) -> _Work:
-        """Work whose future ``finish`` (run on the completion thread) fulfils."""
-        fut: Future = Future()
+    def _submit(self, name: str, finish: Callable[[], Any], result: Any = None) -> _Work:
+        """Work whose future ``finish`` (run on the completion thread) fulfils; ``result``
+        is what ``finish`` returns (its CUDA tensors' devices go to the future)."""
+        fut = _future(result)
         with self._lock:
             if self._closed:
                 raise FastPSError(f"fastps backend: the process group was shut down ({name})")
@@ -391,10 +421,6 @@ class FastPSProcessGroup(dist.ProcessGroup):
 
     def _wait(self, op: C.Op) -> Any:
         return op.synchronize(self._timeout)
-
-    def _run(self, name: str, start: Callable[[str], Callable[[], Any]]) -> _Work:
-        """Starts an op (``start(name)`` returns its finishing step) and returns its work."""
-        return self._submit(name, start(name))
 
     # ------------------------------------------------------------------ reductions
 
@@ -459,7 +485,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 self._allreduce_done()
             return tensors
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, tensors)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         return self.allreduce(tensors, opts)
@@ -505,7 +531,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 f()
             return tensors
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, tensors)
 
     def _reduce_scatter_rows(
         self, output: torch.Tensor, rows: torch.Tensor, op: Any, name: str
@@ -556,7 +582,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 f()
             return outputs
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, outputs)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
         factor = _premul_factor(opts.reduceOp, [input], "reduce_scatter_tensor")
@@ -576,7 +602,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
             f()
             return output
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, output)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -615,7 +641,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 f()
             return tensors
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, tensors)
 
     def _gather_rows(self, t: torch.Tensor, name: str) -> C.Op:
         return C.allgather_async(_bytes(t).reshape(1, -1), "uint8", name, self._ps)
@@ -642,7 +668,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 f()
             return outputs
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
         if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
@@ -658,7 +684,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
             _store_bytes(output, rows)
             return output
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, output)
 
     all_gather_single = _allgather_base
 
@@ -683,7 +709,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 w.wait()
             return result
 
-        fut: Future = Future()
+        fut = _future(result)
         self._queue.put((finish, fut))
         return _create_work(fut)
 
@@ -742,7 +768,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
             _store_bytes(output, data)
             return output
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, output)
 
     def alltoall(
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
@@ -768,7 +794,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                 begin += size
             return outputs
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, outputs)
 
     def gather(
         self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any
@@ -793,7 +819,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
                     begin += size
             return outputs
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, outputs)
 
     def scatter(
         self, outputs: List[torch.Tensor], inputs: List[List[torch.Tensor]], opts: Any
@@ -817,7 +843,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
             _store_bytes(out, got)
             return outputs
 
-        return self._submit(name, finish)
+        return self._submit(name, finish, outputs)
 
     def barrier(self, opts: Any = None) -> _Work:
         ps = self._ps
@@ -933,4 +959,6 @@ def register() -> None:
     the entry point). Idempotent."""
     if not dist.is_available() or BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(
+        BACKEND, create_process_group, extended_api=True, devices=list(DEVICES)
+    )

@@ -37,6 +37,8 @@ def register() -> None:
             return
         if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
             return  # registered already (import fastps.torch, or a second call)
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+        # The same devices as fastps.torch.process_group.DEVICES (this module must not
+        # import fastps; tests/torch/backend/test_backend_autoload.py checks they agree).
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
     except Exception as exc:  # noqa: BLE001 - import torch must keep working
         logging.getLogger("fastps").debug("fastps backend not registered: %s", exc)

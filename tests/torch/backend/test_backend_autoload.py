@@ -43,6 +43,7 @@ REPORT = """
     print(json.dumps({
         "registered": "fastps" in dist.Backend.backend_list,
         "plugin": "FASTPS" in getattr(dist.Backend, "_plugins", {}),
+        "devices": dist.Backend.backend_capability.get("fastps"),
         "fastps_loaded": sorted(m for m in sys.modules if m == "fastps" or m.startswith("fastps.")),
         "core_loaded": "fastps._core" in sys.modules,
     }))
@@ -55,6 +56,10 @@ def test_import_torch_registers_without_loading_fastps() -> None:
     got = _python("import torch\n" + textwrap.dedent(REPORT), env=_env())
     assert got["registered"] and got["plugin"], got
     assert got["fastps_loaded"] == [], got
+    # the hook names the devices the backend itself registers (CUDA staged through host)
+    from fastps.torch.process_group import DEVICES
+
+    assert got["devices"] == list(DEVICES) == ["cpu", "cuda"], got
     assert not got["core_loaded"], got
 
 
@@ -112,8 +117,10 @@ def test_autoload_off_then_import_fastps_torch_registers() -> None:
         """
         import fastps.torch
         after = "fastps" in dist.Backend.backend_list
-        print(json.dumps({"before": json.loads(before)["registered"], "after": after}))
+        devices = dist.Backend.backend_capability.get("fastps")
+        print(json.dumps({"before": json.loads(before)["registered"], "after": after,
+                          "devices": devices}))
         """
     )
     got = _python(code, env=_env(TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
-    assert got == {"before": False, "after": True}, got
+    assert got == {"before": False, "after": True, "devices": ["cpu", "cuda"]}, got

@@ -11,6 +11,7 @@ import re
 from typing import List
 
 import pytest
+import torch
 from torchrun import DATA_PATHS, WORKERS, path_env, torchrun
 
 WORKER = WORKERS / "ops_worker.py"
@@ -69,3 +70,17 @@ def test_shape_mismatch_raises_everywhere(nproc: int, path: str) -> None:
     assert sorted(int(r) for r, _ in errors) == list(range(nproc)), out[-4000:]
     pattern = r"rank (\d+): async mismatch error: \w+: op '[^']+': mismatched shape"
     assert sorted(int(r) for r in re.findall(pattern, out)) == list(range(nproc)), out[-4000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_tensors(path: str) -> None:
+    """Collectives on CUDA tensors (made by kernels on a side stream), staged through host
+    memory: every result exact and on the caller's device, strided and async (wait and
+    future) included, object collectives with CUDA as the group's device."""
+    proc = torchrun(WORKERS / "cuda_ops_worker.py", nproc=2, env=path_env(path), timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-6000:]
+    ok = re.findall(r"CUDA OPS OK rank (\d+) checks (\d+)", out)
+    assert sorted(int(r) for r, _ in ok) == [0, 1], out[-4000:]
+    assert ok[0][1] == ok[1][1] and int(ok[0][1]) >= 90, ok  # 99 checks on 2 ranks

@@ -14,12 +14,14 @@ micro-batches, the first under no_sync), ``static_graph``, ``unused``
 (bucket_cap_mb small enough for several buckets; on the fastps backend it also records the
 fastps allreduces of each backward to ``<out>/priorities.<rank>.json``), and the comm hook
 ``hook_none``, ``hook_fp16``, ``hook_bf16``, ``hook_onebit_ef`` (fastps.torch.ddp_comm_hook).
+With ``DDP_TEST_DEVICE=cuda`` the model, data and DDP live on this rank's GPU.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -117,9 +119,19 @@ class Recorder:
         self.ops.allreduce_async = self.orig
 
 
+def device() -> torch.device:
+    """``DDP_TEST_DEVICE=cuda``: this rank's GPU (``LOCAL_RANK`` modulo the GPUs there are);
+    the CPU otherwise."""
+    if os.environ.get("DDP_TEST_DEVICE", "cpu") == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def run_case(case: str, rank: int, out: Path, backend: str) -> None:
     torch.manual_seed(1000 + rank)  # different on each rank: DDP broadcasts rank 0's
-    model = Net().double()
+    dev = device()
+    model = Net().double().to(dev)
     for p in model.parameters():
         p.register_hook(quantize)
     kwargs: Dict[str, Any] = {}
@@ -131,13 +143,15 @@ def run_case(case: str, rank: int, out: Path, backend: str) -> None:
         kwargs["find_unused_parameters"] = True
     elif case == "buckets":
         kwargs["bucket_cap_mb"] = 0.01  # 3 buckets: out+branch, hidden, norm+inp
+    if dev.type == "cuda":
+        kwargs["device_ids"] = [dev.index]
     ddp = DDP(model, **kwargs)
     init = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # rank 0's
     if case in HOOKS:
         ddp.register_comm_hook(None, hvd.ddp_comm_hook(compression=HOOKS[case]))
     recorder = Recorder() if case == "buckets" and backend == "fastps" else None
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
-    data = batches(rank)
+    data = [(x.to(dev), y.to(dev)) for x, y in batches(rank)]
     losses = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -155,10 +169,10 @@ def run_case(case: str, rank: int, out: Path, backend: str) -> None:
         if recorder is not None:
             recorder.end_step()
         losses.append(loss.item())
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    buffers = torch.cat([b.detach().double().reshape(-1) for b in model.buffers()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    buffers = torch.cat([b.detach().double().reshape(-1) for b in model.buffers()]).cpu()
     torch.save(
-        {"init": init, "params": flat, "buffers": buffers, "losses": torch.tensor(losses)},
+        {"init": init.cpu(), "params": flat, "buffers": buffers, "losses": torch.tensor(losses)},
         out / f"{case}.{rank}.pt",
     )
     if recorder is not None:
@@ -170,6 +184,8 @@ def main() -> None:
     backend, out, cases = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
+    if device().type == "cuda":
+        torch.cuda.set_device(device())
     for case in cases:
         start = time.perf_counter()
         run_case(case, rank, out, backend)
