@@ -219,6 +219,7 @@ class ControlClient:
         self._membership: Optional[Membership] = None
         self._error: Optional[str] = None
         self._abort_reason: Optional[str] = None
+        self._scheduler_lost = False
         self._shutdown = False
         self._closed = False
         self._barrier_done: Dict[str, int] = {}
@@ -250,6 +251,12 @@ class ControlClient:
     def abort_reason(self) -> Optional[str]:
         """The abort reason once the job was aborted, else None."""
         return self._abort_reason
+
+    @property
+    def scheduler_lost(self) -> bool:
+        """Whether the abort is this process's own verdict (the scheduler went silent or its
+        connection dropped), not a message from the scheduler."""
+        return self._scheduler_lost
 
     @property
     def shutdown_received(self) -> bool:
@@ -718,11 +725,12 @@ class ControlClient:
             raise FastPSTimeoutError(f"no shutdown from the scheduler within {timeout:g} s")
         raise FastPSError("ControlClient closed while waiting for shutdown")
 
-    def _trigger_abort(self, reason: str) -> None:
+    def _trigger_abort(self, reason: str, lost: bool = False) -> None:
         with self._cv:
             if self._abort_reason is not None:
                 return
             self._abort_reason = reason
+            self._scheduler_lost = lost
             cbs, self._abort_cbs = self._abort_cbs, []
             coords, self._coords = self._coords, {}
             self._withdrawn = {}  # their callers gave up already: nobody to tell
@@ -775,7 +783,9 @@ class ControlClient:
             )
             self._cv.notify_all()
         if not benign:
-            self._trigger_abort(f"lost connection to scheduler at {self._addr_text} ({lost})")
+            self._trigger_abort(
+                f"lost connection to scheduler at {self._addr_text} ({lost})", lost=True
+            )
 
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         kind = msg["type"]
@@ -857,7 +867,8 @@ class ControlClient:
             if silent > self.heartbeat_timeout:
                 self._trigger_abort(
                     f"scheduler at {self._addr_text} silent for {silent:.0f} s "
-                    f"(heartbeat timeout {self.heartbeat_timeout:g} s)"
+                    f"(heartbeat timeout {self.heartbeat_timeout:g} s)",
+                    lost=True,
                 )
                 return
             beat: Dict[str, Any] = {"type": "heartbeat"}

@@ -153,7 +153,7 @@ def run_server(
         if rec is not None:
             rec.set_clock(client.clock_offset())
             rec.link_mbit = link
-        code = _serve(srv, client, wake, state, me, cfg.launcher)
+        code = _serve(srv, client, wake, state, me, cfg.launcher, cfg.elastic_servers)
     except EndedBeforeMembership as exc:
         log.info("%s: %s", me, exc)
         code = 0
@@ -244,12 +244,31 @@ def _start_timeline(cfg: Config) -> None:
 
 
 def _serve(
-    srv: Any, client: ControlClient, wake: threading.Event, state: dict, me: str, launcher: str
+    srv: Any,
+    client: ControlClient,
+    wake: threading.Event,
+    state: dict,
+    me: str,
+    launcher: str,
+    elastic: bool = False,
 ) -> int:
     while True:
         wake.wait(POLL)
         wake.clear()
         reason = client.abort_reason
+        if reason is not None and elastic and client.scheduler_lost:
+            # Cut off, not aborted: the scheduler drops a server it cannot hear from and
+            # moves its keys, so this process is no server of the job any more, even once
+            # its link heals (it never registers again).
+            log.error(
+                "%s left the job: %s; with elastic servers the scheduler takes a server it "
+                "cannot hear from out of the job and moves its keys to the other servers, so "
+                "this process serves nothing any more and exits (start a new server to add "
+                "one)",
+                me,
+                reason,
+            )
+            return 1
         if reason is not None:
             # Under fastpsrun the launcher reports the reason, once; don't repeat it.
             level = logging.INFO if launcher else logging.ERROR

@@ -84,7 +84,10 @@ def ddp_comm_hook(
         index = int(bucket.index())
         name = f"{name_prefix}.{index}.{tensor.numel() * tensor.element_size()}"
         handle = _allreduce_start(tensor, True, name, Average, 1.0, 1.0, compression, index, quorum)
-        fut: Future = Future()
+        # A CUDA bucket is copied back on fastps's side stream, which the completer's
+        # stream waits for; a future that names the device records that wait, so DDP's
+        # stream in turn waits before it reads the bucket.
+        fut: Future = Future(devices=[tensor.device]) if tensor.is_cuda else Future()
         completer.put(handle, tensor, fut)
         return fut
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,15 +39,31 @@ def fastpsrun(
     run_env.setdefault("PYTHONUNBUFFERED", "1")
     # Several workers share few cores: one torch thread each keeps them from fighting.
     run_env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.run(
+    proc = subprocess.Popen(
         cmd,
         env=run_env,
         cwd=str(REPO),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
+        start_new_session=True,  # on a timeout, the whole job goes, not only fastpsrun
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: fastpsrun stops its processes and says what was still running;
+        # the output then shows where the job stood (subprocess.run's timeout loses it).
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        raise AssertionError(
+            f"fastpsrun of {script.name} did not end within {timeout:g} s; its output:\n"
+            + (out or "")[-8000:]
+        ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
 def lines_of(output: str, marker: str) -> List[str]:

@@ -16,11 +16,13 @@ False, a layer whose rows do not split evenly among the ranks: FSDP2 pads it), `
 ``set_gradient_divide_factor(2 * world)``: ReduceOp.PREMUL_SUM(1 / (2 * world)); gloo
 refuses that op, so on gloo the case adds ``set_force_sum_reduction_for_comms``: a SUM,
 then FSDP2 divides; with a power-of-two factor both are exact scalings, the same bits).
+With ``FSDP_TEST_DEVICE=cuda`` the backend's mesh and model live on this rank's GPU.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,8 +58,13 @@ def model(dtype: torch.dtype) -> nn.Sequential:
 def run_case(case: str, mesh: DeviceMesh, out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend(mesh.get_group())
+    device = (
+        torch.device(mesh.device_type, torch.cuda.current_device())
+        if (mesh.device_type == "cuda")
+        else torch.device("cpu")
+    )
     dtype = torch.float32 if case in ("fp32", "premul") else torch.float64
-    net = model(dtype)
+    net = model(dtype).to(device)
     reshard = case != "adam"
     for layer in net:
         if isinstance(layer, nn.Linear):
@@ -76,14 +83,14 @@ def run_case(case: str, mesh: DeviceMesh, out: Path) -> None:
     g = torch.Generator().manual_seed(100 + rank)
     losses: List[float] = []
     for _ in range(STEPS):
-        x = torch.randn(BATCH, 12, generator=g, dtype=dtype)
-        y = torch.randint(0, 3, (BATCH,), generator=g)
+        x = torch.randn(BATCH, 12, generator=g, dtype=dtype).to(device)
+        y = torch.randint(0, 3, (BATCH,), generator=g).to(device)
         opt.zero_grad()
         loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    full = [p.full_tensor().detach().reshape(-1) for p in net.parameters()]
+    full = [p.full_tensor().detach().reshape(-1).cpu() for p in net.parameters()]
     local = sum(p.to_local().numel() for p in net.parameters())
     torch.save(
         {
@@ -99,7 +106,13 @@ def main() -> None:
     backend, out, cases = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=90))
     rank, world = dist.get_rank(), dist.get_world_size()
-    meshes = [init_device_mesh("cpu", (world,))]
+    # FSDP_TEST_DEVICE=cuda: the backend's mesh on this rank's GPU (the gloo reference
+    # stays on the CPU: the test compares within rounding).
+    on_cuda = os.environ.get("FSDP_TEST_DEVICE", "cpu") == "cuda"
+    if on_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    meshes = [init_device_mesh("cuda" if on_cuda else "cpu", (world,))]
     if backend != "gloo":
         meshes.append(DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu"))
     for case in cases:
