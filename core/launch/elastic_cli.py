@@ -4,12 +4,18 @@ Elastic mode is ``--host-discovery-script``, or, as in Horovod, ``-H``/``--hostf
 elastic flag (``--min-np``, ``--max-np``, ...): a discovery whose hosts never change. Hosts
 that are not this machine get their workers over ssh (``--ssh-port``,
 ``--ssh-identity-file``, ``--ssh-connect-timeout`` and ``--network-interface`` apply).
+
+Inside a SLURM allocation (``--slurm``, or elastic flags alone with SLURM_JOB_NODELIST set,
+as fastpsrun picks SLURM without elastic flags) the allocation's nodes and task counts are
+a fixed discovery, every worker is an srun step of the job (``remote.SrunTransport``, this
+node's too), and a ``--host-discovery-script``, ``-H`` or ``--hostfile`` may only name the
+allocation's nodes.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import click
 from fastps.config import elastic_defer_join
@@ -104,15 +110,24 @@ def elastic_launcher_from_cli(
     multihost: Dict[str, Any],
     **launcher_kwargs: Any,
 ) -> Any:
-    """The ElasticLauncher for --host-discovery-script (or -H/--hostfile with elastic
-    flags), or None."""
+    """The ElasticLauncher for --host-discovery-script (or -H/--hostfile/the SLURM allocation
+    with elastic flags), or None."""
     script = opts.get("host_discovery_script")
     given = [f"--{k.replace('_', '-')}" for k in ELASTIC_KEYS if opts.get(k) is not None]
     hosts_text, hostfile = multihost.get("hosts"), multihost.get("hostfile")
-    if not script and not (given and (hosts_text or hostfile)):
+    env = launcher_kwargs.get("env") or os.environ
+    slurm = multihost.get("slurm")
+    # As without elastic flags: the allocation is used unless hosts are named some other way.
+    use_slurm = bool(slurm) or (
+        slurm is None
+        and not (script or hosts_text or hostfile)
+        and bool(env.get("SLURM_JOB_NODELIST"))
+    )
+    if not script and not (given and (hosts_text or hostfile or use_slurm)):
         if given:
             raise FastPSError(
-                f"{', '.join(given)} need --host-discovery-script, -H or --hostfile (elastic mode)"
+                f"{', '.join(given)} need --host-discovery-script, -H, --hostfile or --slurm "
+                "(elastic mode)"
             )
         return None
     fixed = _fixed_hosts(script, hosts_text, hostfile)
@@ -121,20 +136,23 @@ def elastic_launcher_from_cli(
             "--server-hosts is not supported in elastic mode: each generation's servers run "
             "on fastpsrun's machine (--num-servers sets how many)"
         )
-    if multihost.get("slurm"):
-        raise FastPSError(
-            "--slurm is not supported in elastic mode yet: give the allocation's nodes with "
-            "-H or --hostfile (workers start over ssh) or a --host-discovery-script"
-        )
-    env = launcher_kwargs.get("env") or os.environ
     from fastps.launch.elastic_driver import (
         DEFAULT_ELASTIC_TIMEOUT,
         ElasticLauncher,
         discovery_interval,
     )
-    from fastps.launch.remote import SshTransport
+    from fastps.launch.remote import SshTransport, Transport
 
     connect_timeout = float(multihost.get("ssh_connect_timeout") or 5.0)
+    transport: Transport = SshTransport(
+        port=multihost.get("ssh_port"),
+        identity_file=multihost.get("ssh_identity_file"),
+        connect_timeout=connect_timeout,
+    )
+    slurm_kwargs: Dict[str, Any] = {}
+    if use_slurm:
+        fixed, transport, slurm_kwargs = _slurm_setup(env, script, hosts_text, fixed)
+
     min_np = opts.get("min_np") or num_workers or 1
     max_np = opts.get("max_np") or max(min_np, num_workers or 0, 1 << 16)
     timeout = opts.get("elastic_timeout") or DEFAULT_ELASTIC_TIMEOUT
@@ -156,15 +174,40 @@ def elastic_launcher_from_cli(
         defer_join=elastic_defer_join(env),
         spares=opts.get("spare_hosts") or 0,
         fixed_hosts=fixed,
-        transport=SshTransport(
-            port=multihost.get("ssh_port"),
-            identity_file=multihost.get("ssh_identity_file"),
-            connect_timeout=connect_timeout,
-        ),
+        transport=transport,
         network_interface=multihost.get("network_interface"),
         connect_timeout=connect_timeout,
+        **slurm_kwargs,
         **launcher_kwargs,
     )
+
+
+def _slurm_setup(
+    env: Mapping[str, str],
+    script: Optional[str],
+    hosts_text: Optional[str],
+    fixed: Optional[Dict[str, int]],
+) -> Tuple[Optional[Dict[str, int]], Any, Dict[str, Any]]:
+    """Elastic mode inside a SLURM allocation: the fixed discovery (the allocation's nodes
+    and slots, or -H/--hostfile's hosts, which must be among them; None with a discovery
+    script), the srun transport, and the launcher's arguments that start every worker as
+    a step of the job and keep every discovered host inside the allocation."""
+    from fastps.launch.remote import SrunTransport
+    from fastps.launch.slurm import allocation_hosts, check_in_allocation
+
+    allocation = allocation_hosts(env)
+    job_id = env.get("SLURM_JOB_ID") or ""
+    if fixed is not None:
+        check_in_allocation(fixed, allocation, "-H" if hosts_text else "--hostfile", job_id)
+    elif not script:
+        fixed = allocation
+
+    def host_check(hosts: Mapping[str, int]) -> None:
+        check_in_allocation(hosts, allocation, "the host discovery script", job_id)
+
+    # Every node is reached through srun, this one too: the steps belong to the job.
+    launcher_kwargs = {"local_hosts": [], "host_check": host_check}
+    return fixed, SrunTransport(job_id=job_id or None), launcher_kwargs
 
 
 def _fixed_hosts(

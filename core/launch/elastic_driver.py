@@ -32,7 +32,10 @@ The job is a sequence of generations (``rendezvous.py``). The driver
   in the background: a slow or dead host holds up nothing), and the rendezvous service,
   schedulers and servers then listen on the address those hosts reach this machine at
   (``--network-interface``'s, else the one their ssh connections come from). ``-H`` or
-  ``--hostfile`` with elastic flags is a discovery that never changes (``fixed_hosts``).
+  ``--hostfile`` with elastic flags is a discovery that never changes (``fixed_hosts``);
+  under ``--slurm`` (``elastic_cli``) the transport is srun, no host counts as this machine
+  (``local_hosts``: every worker is a step of the allocation) and ``host_check`` refuses a
+  discovered host outside the allocation.
 
 A worker the job lost (its process exited, or its scheduler's verdict) is fenced: a later
 rendezvous request of that process (a hung one that runs again, or one on a host whose
@@ -56,7 +59,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from fastps.config import (
     DEFAULT_ELASTIC_TIMEOUT,
@@ -180,6 +183,8 @@ class ElasticLauncher(Launcher):
         network_interface: Optional[str] = None,
         connect_timeout: float = 5.0,
         python: Optional[str] = None,
+        local_hosts: Optional[Sequence[str]] = None,
+        host_check: Optional[Callable[[Mapping[str, int]], None]] = None,
         **kwargs: Any,
     ) -> None:
         if min_np < 1:
@@ -202,6 +207,11 @@ class ElasticLauncher(Launcher):
         self.script = discovery_script
         # -H/--hostfile with elastic flags: the hosts never change (Horovod's fixed discovery).
         self.fixed_hosts = None if fixed_hosts is None else dict(fixed_hosts)
+        # The hosts whose workers start without the transport (None: those that are this
+        # machine); raises on a discovery output the job cannot use (e.g. outside SLURM's
+        # allocation): fatal at the start, later the current hosts are kept.
+        self.local_hosts = None if local_hosts is None else set(local_hosts)
+        self.host_check = host_check
         self.interface = network_interface or stated_interface(self.base_env)
         self.remote = RemoteSpawner(
             transport or SshTransport(connect_timeout=connect_timeout),
@@ -394,12 +404,18 @@ class ElasticLauncher(Launcher):
     def _discover_hosts(self) -> Dict[str, int]:
         """The hosts now: the fixed ones (-H/--hostfile) or the script's (may raise)."""
         if self.fixed_hosts is not None:
-            return dict(self.fixed_hosts)
-        return discovery.discover(self.script)
+            hosts = dict(self.fixed_hosts)
+        else:
+            hosts = discovery.discover(self.script)
+        if self.host_check is not None:
+            self.host_check(hosts)
+        return hosts
 
     def _is_local(self, host: str) -> bool:
         """Whether ``host`` is this machine (its workers start without ssh); resolved once
         per name, bounded in time."""
+        if self.local_hosts is not None:
+            return host in self.local_hosts
         if host in self.local_names:
             return True
         known = self._locality.get(host)

@@ -105,6 +105,10 @@ class Transport(abc.ABC):
     def describe_failure(self, host: str, rc: int, stderr: str) -> str:
         return f"exited with {rc}: {stderr.strip()[-400:]}"
 
+    def client_env(self) -> Dict[str, str]:
+        """The environment of the local client (ssh, srun): ours without the job's secrets."""
+        return {k: v for k, v in os.environ.items() if k != "FASTPS_TOKEN"}
+
 
 @dataclass
 class SshTransport(Transport):
@@ -159,15 +163,21 @@ class SshTransport(Transport):
 @dataclass
 class SrunTransport(Transport):
     """``srun`` steps inside a SLURM allocation, one task on the named node; steps may share
-    the node's CPUs with the other steps of the job (``--overlap``). srun passes its own
-    environment to the task, so the token is kept out of it and sent on stdin like ssh."""
+    the node's CPUs with the other steps of the job (``--overlap``). Each process is a step
+    of its own: EOF on its agent's stdin (forwarded by ``--input=all``) ends that step alone,
+    ``scancel`` ends them all, and SLURM accounts for them. srun passes its own environment
+    to the task, so the token is kept out of it and sent on stdin like ssh."""
 
     srun: str = "srun"
+    # The allocation's job (SLURM_JOB_ID); None: srun takes it from its environment.
+    job_id: Optional[str] = None
     name: str = field(default="srun", init=False)
 
     def argv(self, host: str, python: str) -> List[str]:
+        job = [f"--jobid={self.job_id}"] if self.job_id else []
         return [
             self.srun,
+            *job,
             "--nodes=1",
             "--ntasks=1",
             f"--nodelist={host_label(host)}",
@@ -180,16 +190,19 @@ class SrunTransport(Transport):
             BOOTSTRAP,
         ]
 
+    def client_env(self) -> Dict[str, str]:
+        # srun hands its environment to the task: an ssh session's SSH_CONNECTION there would
+        # be taken for the connection the node sees fastpsrun's machine through.
+        env = super().client_env()
+        for var in ("SSH_CONNECTION", "SSH_CLIENT"):
+            env.pop(var, None)
+        return env
+
 
 def agent_request(spec: Mapping[str, object]) -> bytes:
     """What the agent reads on stdin: its source, then the request line."""
     line = json.dumps(spec).encode("utf-8") + b"\n"
     return f"{len(_AGENT_SOURCE)}\n".encode() + _AGENT_SOURCE + line
-
-
-def _transport_env() -> Dict[str, str]:
-    """The environment of the ssh/srun client itself: ours without the job's secrets."""
-    return {k: v for k, v in os.environ.items() if k != "FASTPS_TOKEN"}
 
 
 def start_agent(
@@ -204,7 +217,7 @@ def start_agent(
     """Starts ``argv`` on ``host``; stdin stays open (closing it stops the process)."""
     proc = subprocess.Popen(
         transport.argv(host, python),
-        env=_transport_env(),
+        env=transport.client_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -247,7 +260,7 @@ def _ask(
     try:
         proc = subprocess.Popen(
             transport.argv(host, python),
-            env=_transport_env(),
+            env=transport.client_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

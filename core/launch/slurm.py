@@ -4,18 +4,26 @@
 ``SLURM_TASKS_PER_NODE`` says how many tasks each node takes in order (``2(x3),1``: two on
 each of the first three nodes, one on the fourth), ``SLURM_NTASKS_PER_NODE`` one count for
 every node. Those tasks are the worker slots; the processes are started with ``srun`` by
-``remote.SrunTransport``.
+``remote.SrunTransport``. In elastic mode the allocation is the discovery
+(:func:`allocation_hosts`), and any other discovery's hosts must be its nodes
+(:func:`check_in_allocation`): a step can only start on a node of the job.
 """
 
 from __future__ import annotations
 
 import re
-from typing import List, Mapping
+from typing import Dict, Iterable, List, Mapping
 
 from fastps.errors import FastPSError
 from fastps.launch.hosts import HostSlots
 
-__all__ = ["expand_nodelist", "expand_tasks_per_node", "allocation_from_env"]
+__all__ = [
+    "expand_nodelist",
+    "expand_tasks_per_node",
+    "allocation_from_env",
+    "allocation_hosts",
+    "check_in_allocation",
+]
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _COUNT_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -109,3 +117,31 @@ def allocation_from_env(env: Mapping[str, str]) -> List[HostSlots]:
             f"SLURM allocation: {len(nodes)} nodes ({nodelist}) but task counts for {len(counts)}"
         )
     return [HostSlots(n, c) for n, c in zip(nodes, counts) if c > 0]
+
+
+def allocation_hosts(env: Mapping[str, str]) -> Dict[str, int]:
+    """``{node: task slots}`` of the allocation, in node-list order (elastic mode's fixed
+    discovery under ``--slurm``)."""
+    hosts: Dict[str, int] = {}
+    for h in allocation_from_env(env):
+        hosts[h.name] = hosts.get(h.name, 0) + h.slots
+    return hosts
+
+
+def check_in_allocation(
+    hosts: Iterable[str], nodes: Iterable[str], source: str, job_id: str = ""
+) -> None:
+    """Raises an error naming every host of ``hosts`` (from ``source``: "-H", "the host
+    discovery script", ...) that is not one of the allocation's ``nodes``."""
+    known = list(nodes)
+    outside = [h for h in hosts if h not in known]
+    if not outside:
+        return
+    names = ", ".join(repr(h) for h in outside)
+    job = f"job {job_id}: " if job_id else ""
+    plural = "s" if len(outside) > 1 else ""
+    raise FastPSError(
+        f"host{plural} {names} from {source} {'are' if plural else 'is'} not in the SLURM "
+        f"allocation ({job}nodes {', '.join(known)}): under --slurm workers start as srun steps "
+        "on the allocation's nodes only"
+    )
