@@ -1,4 +1,5 @@
-"""The Ray actors of a fastps job: the scheduler, one summation server per node, the workers.
+"""The Ray actors of a fastps job: the scheduler, one summation server per node (and one on
+each CPU-only node the executor was asked for), the workers.
 
 They are plain classes here; the executor makes them actors (``ray.remote``) with the
 resources and placement it chose. Each is owned by the driver that created it, so Ray ends
@@ -16,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from fastps.config import Config
 
-__all__ = ["SchedulerActor", "ServerActor", "WorkerActor", "node_address"]
+__all__ = ["SchedulerActor", "ServerActor", "WorkerActor", "node_address", "placement"]
 
 STOP_GRACE = 5.0  # s a server gets after SIGTERM before SIGKILL
 
@@ -26,6 +27,17 @@ def node_address() -> str:
     import ray
 
     return str(ray.util.get_node_ip_address())
+
+
+def placement() -> Dict[str, str]:
+    """Where this actor runs: Ray's node id, the host name and the node's address."""
+    import ray
+
+    return {
+        "node_id": str(ray.get_runtime_context().get_node_id()),
+        "hostname": socket.gethostname(),
+        "ip": node_address(),
+    }
 
 
 class SchedulerActor:
@@ -94,6 +106,11 @@ class ServerActor:
     def returncode(self) -> Optional[int]:
         return None if self._proc is None else self._proc.poll()
 
+    def placement(self) -> Dict[str, str]:
+        """Where this server runs (its node id, host name, address); also a readiness
+        probe: it answers once Ray has placed and started the actor."""
+        return placement()
+
     def stop(self, wait: float = 0.0) -> None:
         """Stops this actor's server, after ``wait`` s for it to finish on its own."""
         from fastps.launch.server_process import stop_server
@@ -124,7 +141,7 @@ class WorkerActor:
 
     def placement(self) -> Dict[str, str]:
         """Where this actor runs: Ray's node id, the host name and the node's address."""
-        return {"node_id": self.node_id(), "hostname": self.hostname(), "ip": node_address()}
+        return placement()
 
     def get_gpu_ids(self) -> List[int]:
         import ray

@@ -1,13 +1,14 @@
 """``RayExecutor``: Horovod's Ray API over a fastps job whose every process is a Ray actor.
 
-``start()`` reserves the workers' resources (a placement group), starts the worker actors,
-one server actor per node that has workers and the scheduler actor (both zero-CPU, in the
-workers' placement group), then a job: the scheduler's address, the job's id and token and
-each worker's rank go into the workers' environment, so ``hvd.init()`` in the functions
-``run``/``execute`` ship joins it. The job lasts as long as its workers stay in it; when it
-ended (every worker left with ``hvd.shutdown()``, or none joined within ``timeout_s``) the
-next call starts a new one on the same actors. ``shutdown()`` ends every actor; so does Ray
-when the driver exits.
+``start()`` reserves the workers' resources (a placement group, or the bundles of the
+caller's own: ``use_current_placement_group``), starts the worker actors, one server actor
+per node that has workers and the scheduler actor (both zero-CPU, next to the workers), the
+``num_cpu_servers`` server actors on nodes without workers, then a job: the scheduler's
+address, the job's id and token and each worker's rank go into the workers' environment, so
+``hvd.init()`` in the functions ``run``/``execute`` ship joins it. The job lasts as long as
+its workers stay in it; when it ended (every worker left with ``hvd.shutdown()``, or none
+joined within ``timeout_s``) the next call starts a new one on the same actors.
+``shutdown()`` ends every actor; so does Ray when the driver exits.
 
 The elastic form (``min_workers``) is ``fastps.launch.ray.elastic``: each ``run(fn)`` is one
 elastic job whose workers are actors started on the cluster's free slots, ``fn`` using
@@ -26,9 +27,10 @@ from fastps.launch.ray.actors import SchedulerActor, ServerActor, WorkerActor
 from fastps.launch.ray.elastic import RayElasticDriver
 from fastps.launch.ray.placement import (
     WorkerLayout,
+    cpu_server_nodes,
     order_by_node,
-    server_bundles,
     worker_layout,
+    workers_fitting,
 )
 from fastps.launch.ray.settings import RaySettings, create_settings
 
@@ -97,9 +99,16 @@ class RayExecutor:
     when a node joins; ``elastic_timeout``: how long it may have fewer than ``min_workers``;
     ``reset_limit``: how many times the world may change; ``cooldown_range`` ``(lo, hi)``:
     a failed slot may be used again after Horovod's cooldown (default: never).
-    ``use_current_placement_group`` and ``override_discovery`` are accepted for Horovod's
-    signature; the executor always reserves its own placement group (fixed form) and finds
-    its slots from the cluster's nodes (elastic form).
+    ``use_current_placement_group`` (Horovod's, default True): when the executor is created
+    inside a Ray task or actor that runs in a placement group, the workers go into that
+    group's bundles (any bundle with room) and no group of its own is reserved; False
+    always reserves one. ``num_cpu_servers``: extra summation servers, one on each of as many
+    Ray nodes that hold no worker (BytePS's CPU machines, ``FASTPS_CPU_SERVERS`` elsewhere),
+    each taking ``cpus_per_cpu_server`` CPUs and, with ``cpu_server_resource``, one unit of
+    that custom resource, so only the nodes marked with it are used. The elastic form
+    ignores ``use_current_placement_group`` (it finds its slots from the cluster's nodes;
+    ``override_discovery`` is accepted for Horovod's signature) and refuses
+    ``num_cpu_servers``.
     """
 
     create_settings = staticmethod(create_settings)
@@ -120,8 +129,18 @@ class RayExecutor:
         cooldown_range: Optional[Sequence[float]] = None,
         elastic_timeout: float = 600,
         override_discovery: bool = True,
+        num_cpu_servers: int = 0,
+        cpu_server_resource: Optional[str] = None,
+        cpus_per_cpu_server: float = 1,
     ) -> None:
         self.settings = settings if settings is not None else create_settings()
+        _check_cpu_servers(
+            num_cpu_servers, cpu_server_resource, cpus_per_cpu_server, min_workers is not None
+        )
+        self.num_cpu_servers = int(num_cpu_servers)
+        self.cpu_server_resource = cpu_server_resource
+        self.cpus_per_cpu_server = float(cpus_per_cpu_server)
+        self.use_current_placement_group = bool(use_current_placement_group)
         if max_workers is not None and (min_workers is None or min_workers <= 0):
             raise FastPSError(
                 f"RayExecutor: max_workers={max_workers} needs a positive min_workers "
@@ -154,9 +173,13 @@ class RayExecutor:
             )
         self.cpus_per_worker = float(cpus_per_worker)
         self.gpus_per_worker = gpus
-        self._pg: Any = None
+        self._pg: Any = None  # the placement group this executor reserved (and removes)
+        # The group the workers run in: its own, or the caller's (use_current_placement_group).
+        self.placement_group: Any = None
+        self.created_placement_group = False
         self.workers: List[Any] = []  # worker actors in rank order
-        self._servers: List[Any] = []
+        self._servers: List[Any] = []  # by server id: one per worker node, then CPU-only nodes
+        self._server_placements: List[Dict[str, str]] = []
         self._scheduler: Any = None
         self._env: Dict[str, str] = {}
         self._placements: List[Dict[str, str]] = []
@@ -205,55 +228,153 @@ class RayExecutor:
 
     def _start_actors(self) -> None:
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.placement_group import (
+            get_current_placement_group,
+            placement_group,
+            remove_placement_group,
+        )
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
 
         assert self.layout is not None
         layout = self.layout
-        pg = placement_group(layout.bundles, strategy=layout.strategy)
-        self._pg = pg
-        ready, _ = ray.wait([pg.ready()], timeout=self.settings.placement_group_timeout_s)
-        if not ready:
-            remove_placement_group(pg)
-            self._pg = None
-            raise TimeoutError(
-                f"RayExecutor: the cluster did not grant {layout.num_workers} workers "
-                f"({layout.strategy} bundles {layout.bundles}) within "
-                f"{self.settings.placement_group_timeout_s:g} s (placement_group_timeout_s); "
-                f"available now: {ray.available_resources()}"
-            )
+        settings = self.settings
+        # A bad num_cpu_servers fails here, before anything is reserved; the nodes the
+        # workers take are ruled out once they are known (below).
+        cpu_server_nodes(
+            ray.nodes(),
+            (),
+            self.num_cpu_servers,
+            self.cpu_server_resource,
+            self.cpus_per_cpu_server,
+        )
+        current = get_current_placement_group() if self.use_current_placement_group else None
+        if current is not None:
+            pg, created = current, False
+            bundles = list(current.bundle_specs)
+            holds = workers_fitting(bundles, self.cpus_per_worker, self.gpus_per_worker)
+            if holds < layout.num_workers:
+                raise FastPSError(
+                    f"RayExecutor: the placement group this code runs in (bundles {bundles}) "
+                    f"holds {holds} workers of {self.cpus_per_worker:g} CPUs and "
+                    f"{self.gpus_per_worker:g} GPUs, not {layout.num_workers}; pass "
+                    "use_current_placement_group=False to reserve a group of its own"
+                )
+            log.info("fastps on Ray: the workers go into the current placement group %s", pg.id)
+        else:
+            pg, created = placement_group(layout.bundles, strategy=layout.strategy), True
+            self._pg = pg
+            ready, _ = ray.wait([pg.ready()], timeout=settings.placement_group_timeout_s)
+            if not ready:
+                remove_placement_group(pg)
+                self._pg = None
+                raise TimeoutError(
+                    f"RayExecutor: the cluster did not grant {layout.num_workers} workers "
+                    f"({layout.strategy} bundles {layout.bundles}) within "
+                    f"{settings.placement_group_timeout_s:g} s (placement_group_timeout_s); "
+                    f"available now: {ray.available_resources()}"
+                )
+        self.placement_group, self.created_placement_group = pg, created
 
-        def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+        def worker_strategy(bundle: int) -> PlacementGroupSchedulingStrategy:
+            if created:
+                return PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle
+                )
+            # The caller's group: any bundle with room (its own task may hold part of one);
+            # the workers' own tasks are not pulled into it (Horovod's choice too).
             return PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=index
+                placement_group=pg,
+                placement_group_bundle_index=-1,
+                placement_group_capture_child_tasks=False,
             )
 
         worker_cls = ray.remote(WorkerActor)
-        created = [
+        created_workers = [
             worker_cls.options(
                 num_cpus=self.cpus_per_worker,
                 num_gpus=self.gpus_per_worker,
-                scheduling_strategy=in_bundle(b),
+                scheduling_strategy=worker_strategy(b),
             ).remote(self._env)
             for b in layout.bundle_of_worker
         ]
-        self.workers = created
-        where = ray.get([w.placement.remote() for w in created], timeout=self.settings.timeout_s)
+        self.workers = created_workers
+        # In the caller's group the workers may wait for room: that wait is placement time.
+        wait_s = settings.timeout_s + (0 if created else settings.placement_group_timeout_s)
+        where = _probe(
+            created_workers,
+            wait_s,
+            f"the {layout.num_workers} worker actors did not start",
+        )
         order = order_by_node([p["node_id"] for p in where])
-        self.workers = [created[i] for i in order]
+        self.workers = [created_workers[i] for i in order]
         self._placements = [where[i] for i in order]
         bundle_of_rank = [layout.bundle_of_worker[i] for i in order]
         nodes = [p["node_id"] for p in self._placements]
+        # Before any other actor: a refusal here leaves only the workers to stop.
+        cpu_nodes = cpu_server_nodes(
+            ray.nodes(),
+            set(nodes),
+            self.num_cpu_servers,
+            self.cpu_server_resource,
+            self.cpus_per_cpu_server,
+        )
+
+        def next_to_worker(rank: int) -> Any:
+            """Zero CPUs on the node of worker ``rank``: in its bundle of our own group; by
+            node affinity in the caller's, where the worker's bundle is not known."""
+            if created:
+                return PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle_of_rank[rank]
+                )
+            return NodeAffinitySchedulingStrategy(node_id=nodes[rank], soft=False)
+
         server_cls = ray.remote(ServerActor)
+        first_ranks = [nodes.index(n) for n in dict.fromkeys(nodes)]
         self._servers = [
-            server_cls.options(num_cpus=0, scheduling_strategy=in_bundle(b)).remote(self._env)
-            for b in server_bundles(nodes, bundle_of_rank)
+            server_cls.options(num_cpus=0, scheduling_strategy=next_to_worker(r)).remote(self._env)
+            for r in first_ranks
         ]
         self._scheduler = (
             ray.remote(SchedulerActor)
-            .options(num_cpus=0, scheduling_strategy=in_bundle(bundle_of_rank[0]))
+            .options(num_cpus=0, scheduling_strategy=next_to_worker(0))
             .remote(self._env)
         )
+        extra = {self.cpu_server_resource: 1.0} if self.cpu_server_resource else None
+        # Outside any placement group: these nodes are not the workers' (node affinity also
+        # keeps them out of a caller's group that would capture them).
+        self._servers += [
+            server_cls.options(
+                num_cpus=self.cpus_per_cpu_server,
+                resources=extra,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            ).remote(self._env)
+            for node in cpu_nodes
+        ]
+        what = "the server actors did not start"
+        if cpu_nodes:
+            # They wait for their resources like any actor: say which, and what they need.
+            needs = f"{self.cpus_per_cpu_server:g} CPUs" + (
+                f" and one {self.cpu_server_resource!r}" if extra else ""
+            )
+            what += (
+                f" (num_cpu_servers={self.num_cpu_servers} on nodes {cpu_nodes}, each "
+                f"needing {needs}: held by other work?)"
+            )
+        wait_s = settings.timeout_s + (settings.placement_group_timeout_s if cpu_nodes else 0)
+        self._server_placements = _probe(self._servers, wait_s, what)
+
+    def server_placements(self) -> List[Dict[str, Any]]:
+        """Where the job's summation servers run, by server id: ``server_id``, ``node_id``,
+        ``hostname``, ``ip`` and ``cpu_only`` (True for the ``num_cpu_servers`` ones, which
+        share no node with a worker). Empty before ``start()``."""
+        worker_nodes = {p["node_id"] for p in self._placements}
+        return [
+            dict(p, server_id=i, cpu_only=p["node_id"] not in worker_nodes)
+            for i, p in enumerate(self._server_placements)
+        ]
 
     def _new_job(self) -> None:
         """A new fastps job on the actors: scheduler, servers, the workers' environment."""
@@ -412,15 +533,60 @@ class RayExecutor:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         self.workers, self._servers, self._scheduler = [], [], None
+        self._server_placements = []
+        # Only a group this executor reserved is removed; the caller's stays the caller's.
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self._pg)
             self._pg = None
+        self.placement_group, self.created_placement_group = None, False
 
     @property
     def num_workers(self) -> int:
         return len(self.workers)
+
+
+def _probe(actors: Sequence[Any], timeout: float, what: str) -> List[Any]:
+    """Every actor's ``placement()`` within ``timeout`` s, else a ``TimeoutError`` that
+    says ``what``; the actors are killed first, so that shutdown() does not wait for actors
+    Ray never started."""
+    import ray
+
+    try:
+        return list(ray.get([a.placement.remote() for a in actors], timeout=timeout))
+    except ray.exceptions.GetTimeoutError as exc:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        raise TimeoutError(f"RayExecutor: {what} within {timeout:g} s") from exc
+
+
+def _check_cpu_servers(
+    num_cpu_servers: int, resource: Optional[str], cpus: float, elastic: bool
+) -> None:
+    """A clear error for a CPU-server request that cannot mean anything."""
+    if isinstance(num_cpu_servers, bool) or not isinstance(num_cpu_servers, int):
+        raise FastPSError(f"RayExecutor: num_cpu_servers={num_cpu_servers!r} must be an int")
+    if num_cpu_servers < 0:
+        raise FastPSError(f"RayExecutor: num_cpu_servers={num_cpu_servers} must be >= 0")
+    if resource is not None:
+        if not isinstance(resource, str) or not resource or resource in ("CPU", "GPU", "memory"):
+            raise FastPSError(
+                f"RayExecutor: cpu_server_resource={resource!r} must name a custom Ray "
+                "resource (e.g. 'fastps_server'), not empty, CPU, GPU or memory"
+            )
+        if num_cpu_servers == 0:
+            raise FastPSError(
+                f"RayExecutor: cpu_server_resource={resource!r} without num_cpu_servers: "
+                "say how many servers to start on the nodes it marks"
+            )
+    if cpus < 0:
+        raise FastPSError(f"RayExecutor: cpus_per_cpu_server={cpus} must not be negative")
+    if elastic and num_cpu_servers:
+        raise FastPSError(
+            f"RayExecutor: num_cpu_servers={num_cpu_servers} is for the fixed form; the "
+            "elastic form (min_workers) runs each generation's server in the driver"
+        )
 
 
 def _elastic_args(

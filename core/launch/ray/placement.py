@@ -1,5 +1,6 @@
 """Where a job's actors go: the workers' placement group, and the servers and the scheduler
-in it (zero CPUs, in the bundle of a worker on their node).
+in it (zero CPUs, in the bundle of a worker on their node); the extra summation servers on
+CPU-only nodes (``num_cpu_servers``), one on each of as many nodes without workers.
 
 ``num_workers=N``: one bundle per worker, packed onto as few nodes as fit (Ray's PACK);
 ``num_hosts=H, num_workers_per_host=W``: one bundle of ``W`` workers' resources per node,
@@ -10,11 +11,17 @@ the ranks of a node are consecutive, as under fastpsrun.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
 from fastps.errors import FastPSError
 
-__all__ = ["WorkerLayout", "worker_layout", "order_by_node", "server_bundles"]
+__all__ = [
+    "WorkerLayout",
+    "worker_layout",
+    "order_by_node",
+    "workers_fitting",
+    "cpu_server_nodes",
+]
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,52 @@ def order_by_node(node_of_worker: Sequence[str]) -> List[int]:
     return [i for node in nodes for i, n in enumerate(node_of_worker) if n == node]
 
 
-def server_bundles(node_of_rank: Sequence[str], bundle_of_rank: Sequence[int]) -> List[int]:
-    """One server per node that has workers: the bundle of that node's first rank, for each
-    node in rank order (server ``i`` serves the ``i``-th node)."""
-    seen: Dict[str, int] = {}
-    for node, bundle in zip(node_of_rank, bundle_of_rank):
-        seen.setdefault(node, bundle)
-    return list(seen.values())
+def workers_fitting(bundles: Sequence[Mapping[str, float]], cpus: float, gpus: float) -> int:
+    """How many workers of ``cpus``/``gpus`` each the ``bundles`` of a placement group hold
+    (a worker lives in one bundle; a bundle may hold several)."""
+    total = 0
+    for bundle in bundles:
+        fit = [
+            bundle.get(name, 0.0) / need for name, need in (("CPU", cpus), ("GPU", gpus)) if need
+        ]
+        # Tiny epsilon: 0.3 * 3 is 0.8999... in floating point and must still count 3.
+        total += int(min(fit) + 1e-9) if fit else 1
+    return total
+
+
+def cpu_server_nodes(
+    nodes: Sequence[Mapping[str, Any]],
+    worker_nodes: Collection[str],
+    num_cpu_servers: int,
+    resource: Optional[str],
+    cpus: float,
+) -> List[str]:
+    """The Ray node ids for ``num_cpu_servers`` servers, one per node: alive nodes (entries
+    of ``ray.nodes()``) that hold no worker of the job, have at least one unit of
+    ``resource`` (when named) and ``cpus`` CPUs in total, in address order. A clear error,
+    naming the request, when there are fewer; none when ``num_cpu_servers`` is 0."""
+    if num_cpu_servers <= 0:
+        return []
+    alive = [n for n in nodes if n.get("Alive")]
+    marked = [n for n in alive if resource is None or n["Resources"].get(resource, 0.0) >= 1.0]
+    if resource is not None and not marked:
+        raise FastPSError(
+            f"RayExecutor: num_cpu_servers={num_cpu_servers} with cpu_server_resource="
+            f"{resource!r}, but no alive Ray node has one unit of {resource!r} (mark the "
+            f"CPU-only nodes: ray start ... --resources='{{\"{resource}\": 1}}')"
+        )
+    fit = [
+        n
+        for n in marked
+        if n["NodeID"] not in worker_nodes and n["Resources"].get("CPU", 0.0) + 1e-9 >= cpus
+    ]
+    if len(fit) < num_cpu_servers:
+        which = "Ray node" if resource is None else f"Ray node with resource {resource!r}"
+        found = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})" for n in fit) or "none"
+        raise FastPSError(
+            f"RayExecutor: num_cpu_servers={num_cpu_servers}, but only {len(fit)} alive "
+            f"{which} without workers and with {cpus:g} CPUs (cpus_per_cpu_server) can take "
+            f"one (one server per node): {found}"
+        )
+    fit.sort(key=lambda n: (str(n["NodeManagerAddress"]), str(n["NodeID"])))
+    return [str(n["NodeID"]) for n in fit[:num_cpu_servers]]

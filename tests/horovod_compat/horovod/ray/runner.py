@@ -1,10 +1,11 @@
-"""``horovod.ray.runner``: ``RayExecutor`` is fastps's. ``Coordinator`` and ``MiniSettings``
-are Horovod internals (its rank bookkeeping) that fastps has no counterpart of: the names
-exist so the test file imports, and using them fails with this module's message."""
+"""``horovod.ray.runner``: ``RayExecutor`` is fastps's (through ``horovod.ray``, the shim).
+``Coordinator`` and ``MiniSettings`` are Horovod internals (its rank bookkeeping) that
+fastps has no counterpart of: the names exist so the test file imports, and using them
+fails with this module's message."""
 
 from typing import Any, NoReturn
 
-from fastps.ray import RayExecutor
+from horovod.ray import RayExecutor
 
 __all__ = ["Coordinator", "MiniSettings", "RayExecutor"]
 

@@ -1,8 +1,8 @@
 """``horovod.ray.strategy``: only ``create_placement_group``, which Horovod's test uses to
-run the executor inside a placement group of its own. fastps.ray has no such helper (the
-executor reserves its own group); this is plain Ray: ``num_bundles`` bundles of
-``resources_per_bundle`` with ``pg_strategy``, ready within ``pg_timeout`` seconds, else
-``TimeoutError``. Returns the group and its bundles."""
+run the executor inside a placement group of its own (which fastps's executor then uses:
+``use_current_placement_group``). fastps.ray has no such helper; this is plain Ray:
+``num_bundles`` bundles of ``resources_per_bundle`` with ``pg_strategy``, ready within
+``pg_timeout`` seconds, else ``TimeoutError``. Returns the group and its bundles."""
 
 from typing import Any, Dict, List, Tuple
 
