@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from fastps.errors import FastPSError
 from fastps.launch.spark.task import FAILURE_MARK, run_task
@@ -49,6 +50,56 @@ def task_env(env: Optional[Mapping[str, Any]], nics: Optional[Sequence[str]]) ->
     return out
 
 
+def _task_slots(sc: Any) -> Optional[int]:
+    """How many tasks the cluster can run at once now (what barrier mode checks a stage
+    against), or None where this Spark does not say."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - Spark's internal API; without it Spark checks alone
+        return None
+
+
+def _wait_for_slots(sc: Any, num_proc: int, timeout: float) -> None:
+    """Waits up to ``timeout`` seconds for ``num_proc`` task slots (executors may still be
+    joining). Spark itself would hold a barrier stage that does not fit for 40 checks 15 s
+    apart, and no cancellation reaches it meanwhile, so the run is refused here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = _task_slots(sc)
+        if slots is None or slots >= num_proc:
+            return
+        if time.monotonic() >= deadline:
+            raise FastPSError(
+                "Timed out waiting for Spark tasks to start: fastps.spark.run needs "
+                f"{num_proc} tasks running at once (num_proc={num_proc}, barrier mode) and "
+                f"the cluster had {slots} task slots after {timeout:g} s (start_timeout); "
+                "give it more executors or cores, or a larger start_timeout if they are "
+                "allocated on demand"
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _write_output(
+    pairs: Sequence[Tuple[int, Any, Dict[str, List[Tuple[float, str]]]]],
+    streams: Mapping[str, TextIO],
+    timestamp: bool,
+) -> None:
+    """Writes each rank's captured lines as ``[rank]<stdout>:line`` (Horovod's prefix),
+    after a time stamp with ``prefix_output_with_timestamp``; rank by rank."""
+    for rank, _, output in pairs:
+        for name, stream in streams.items():
+            for when, line in output.get(name, []):
+                stamp = (
+                    time.strftime("%a %b %d %H:%M:%S %Y ", time.localtime(when))
+                    if timestamp
+                    else ""
+                )
+                stream.write(f"{stamp}[{rank}]<{name}>:{line}\n")
+            stream.flush()
+
+
 def run(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -74,8 +125,11 @@ def run(
     runs (with the driver's ``FASTPS_*`` ones). ``use_gloo`` is accepted and means nothing
     (fastps has its own transport); ``use_mpi`` and ``extra_mpi_args`` are refused. The
     function runs in Spark's Python worker, so its output is in the executors' logs:
-    ``stdout``, ``stderr``, ``prefix_output_with_timestamp`` and ``executable`` are
-    accepted for Horovod's signature and not used.
+    with ``stdout``/``stderr`` (file-like objects), what ``fn`` writes to ``sys.stdout`` /
+    ``sys.stderr`` is also written there once the run is done, each line prefixed
+    ``[rank]<stdout>:`` (with ``prefix_output_with_timestamp``, after its time). If the
+    cluster has fewer than ``num_proc`` task slots, the run waits ``start_timeout`` for
+    them, then raises. ``executable`` and ``verbose`` are accepted and not used.
     """
     import pyspark
 
@@ -89,6 +143,8 @@ def run(
     if num_proc < 1:
         raise FastPSError(f"fastps.spark.run: num_proc={num_proc} must be >= 1")
     timeout = _start_timeout(start_timeout)
+    _wait_for_slots(sc, num_proc, timeout)
+    streams = {name: s for name, s in (("stdout", stdout), ("stderr", stderr)) if s is not None}
     body = functools.partial(
         run_task,
         fn,
@@ -97,6 +153,7 @@ def run(
         task_env(env, nics),
         timeout,
         sc.getConf().get("spark.driver.host"),
+        tuple(streams),
     )
     sc.setJobDescription(f"fastps.spark.run: {getattr(fn, '__name__', 'fn')} on {num_proc} ranks")
     rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(body)
@@ -109,4 +166,6 @@ def run(
         raise FastPSError(f"fastps.spark.run: {found.group(1)}") from exc
     finally:
         sc.setJobDescription(None)
-    return [result for _, result in sorted(pairs, key=lambda p: p[0])]
+    pairs = sorted(pairs, key=lambda p: p[0])
+    _write_output(pairs, streams, prefix_output_with_timestamp)
+    return [result for _, result, _ in pairs]

@@ -11,12 +11,28 @@ Python workers, and nothing of the job may stay in them.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
 import socket
+import sys
+import time
 import traceback
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TextIO,
+    Tuple,
+)
 
 from fastps import config as _config
 from fastps.errors import FastPSError
@@ -67,6 +83,49 @@ def _start_scheduler(
     return scheduler, {"scheduler": scheduler.address_text, "job_id": job_id, "token": token}
 
 
+Lines = List[Tuple[float, str]]  # (time the line was completed, its text)
+
+
+class _Tee(io.TextIOBase):
+    """Passes what is written on to ``original`` (the executor's log) and keeps its lines."""
+
+    def __init__(self, original: TextIO) -> None:
+        self.original = original
+        self.lines: Lines = []
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.original.write(text)
+        *done, self._partial = (self._partial + text).split("\n")
+        now = time.time()
+        self.lines.extend((now, line) for line in done)
+        return len(text)
+
+    def flush(self) -> None:
+        self.original.flush()
+
+    def captured(self) -> Lines:
+        tail = [(time.time(), self._partial)] if self._partial else []
+        return self.lines + tail
+
+
+@contextlib.contextmanager
+def _capturing(streams: Sequence[str]) -> Iterator[Dict[str, _Tee]]:
+    """While the block runs, ``sys.stdout``/``sys.stderr`` (those named) also keep lines."""
+    tees = {name: _Tee(getattr(sys, name)) for name in streams}
+    saved = {name: getattr(sys, name) for name in tees}
+    for name, tee in tees.items():
+        setattr(sys, name, tee)
+    try:
+        yield tees
+    finally:
+        for name, original in saved.items():
+            setattr(sys, name, original)
+
+
 def run_task(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -74,9 +133,12 @@ def run_task(
     env: Mapping[str, str],
     timeout: float,
     driver_host: Optional[str],
+    capture: Sequence[str],
     _partition: Iterable[Any],
-) -> Iterator[Tuple[int, Any]]:
-    """The body of one barrier task: yields ``(rank, fn(*args, **kwargs))``."""
+) -> Iterator[Tuple[int, Any, Dict[str, Lines]]]:
+    """The body of one barrier task: yields ``(rank, fn(*args, **kwargs), output)``, where
+    output holds the lines ``fn`` wrote to each stream named in ``capture`` ("stdout",
+    "stderr"; they also reach the executor's log as usual)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -115,7 +177,9 @@ def run_task(
         if [h for h, _ in peers].index(hostname) == rank:
             server = spawn_server(hosts.index(hostname), job_env, me)
         os.environ.update(job_env, FASTPS_ROLE="worker", FASTPS_RANK=str(rank), FASTPS_HOST=me)
-        result = fn(*args, **kwargs)
+        with _capturing(capture) as tees:
+            result = fn(*args, **kwargs)
+        output = {name: tee.captured() for name, tee in tees.items()}
     except BaseException as exc:
         wait = 0.0
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -131,7 +195,7 @@ def run_task(
             stop_server(server, wait=wait)
         os.environ.clear()
         os.environ.update(saved)
-    yield rank, result
+    yield rank, result, output
 
 
 def _leave() -> None:
