@@ -21,13 +21,13 @@ from test_slurm_real import (
     _fastps_job_ids,
     _fastpsrun,
     _job_env,
-    _job_fields,
     _job_id,
     _job_processes,
     _name,
     _no_process_left,
     _processes_with,
     _sbatch,
+    _wait_for_output,
     _wait_job,
     pytestmark,  # noqa: F401  (root, a SLURM node that takes jobs, the time limit)
 )
@@ -99,16 +99,9 @@ def test_scancel_of_an_elastic_job_leaves_nothing_running(tmp_path: Path) -> Non
     body += f"{_fastpsrun()} --slurm --min-np 1 --max-np 2 python {TRAIN}"
     name = _name()
     job_id, out = _sbatch(tmp_path, name, body)
-    deadline = time.monotonic() + JOB_WAIT_S
     # Both workers train (rank 0 printed a step of a generation of 2): every process is up.
-    while not re.search(r"STEP \d+ size=2", out.read_text() if out.exists() else ""):
-        state = _job_fields(job_id).get("JobState")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
-            pytest.fail(f"job {job_id} ended ({state}) before training:\n{out.read_text()}")
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], timeout=15)
-            pytest.fail(f"job {job_id} did not train with 2 workers within {JOB_WAIT_S:g} s")
-        time.sleep(0.3)
+    two = re.compile(r"STEP \d+ size=2")
+    _wait_for_output(job_id, out, lambda text: bool(two.search(text)), "train with 2 workers")
     running = _job_processes(job_id)
     kinds = " ".join(running.values())
     assert kinds.count(str(TRAIN)) >= 2 and "fastps.server" in kinds, f"{job_id}: {running}"

@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -204,6 +204,20 @@ def _sbatch(tmp_path: Path, name: str, body: str, ntasks: int = 2) -> Tuple[str,
     return res.stdout.strip().split(";")[0], out
 
 
+def _wait_for_output(job_id: str, out: Path, seen: Callable[[str], bool], what: str) -> None:
+    """Waits until the job's output shows ``seen``; fails (cancelling the job) if it ended
+    first or did not get there within JOB_WAIT_S, saying it did not ``what``."""
+    deadline = time.monotonic() + JOB_WAIT_S
+    while not seen(out.read_text() if out.exists() else ""):
+        state = _job_fields(job_id).get("JobState")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail(f"job {job_id} ended ({state}) before it did {what}:\n{out.read_text()}")
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], timeout=15)
+            pytest.fail(f"job {job_id} did not {what} within {JOB_WAIT_S:g} s")
+        time.sleep(0.3)
+
+
 def test_sbatch_fastpsrun_uses_the_allocation(tmp_path: Path) -> None:
     """A batch script runs ``fastpsrun -np 2``: it takes the allocation's node and slots
     and starts its processes as srun steps of the job; the job completes with exit 0."""
@@ -274,16 +288,8 @@ def test_scancel_leaves_nothing_running(tmp_path: Path) -> None:
     job_id, out = _sbatch(
         tmp_path, name, f"{_fastpsrun()} -np 2 python {DIGITS} --epochs 100000 --min-accuracy 0"
     )
-    deadline = time.monotonic() + JOB_WAIT_S
     # Training runs (rank 0 printed an epoch), so every process of the job is up.
-    while "train loss" not in (out.read_text() if out.exists() else ""):
-        state = _job_fields(job_id).get("JobState")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
-            pytest.fail(f"job {job_id} ended ({state}) before training:\n{out.read_text()}")
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], timeout=15)
-            pytest.fail(f"job {job_id} did not start training within {JOB_WAIT_S:g} s")
-        time.sleep(0.3)
+    _wait_for_output(job_id, out, lambda text: "train loss" in text, "start training")
     running = _job_processes(job_id)
     kinds = " ".join(running.values())
     # The /proc scan sees the job: workers (the script), and the agents srun started.
