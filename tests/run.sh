@@ -53,7 +53,7 @@ fi
 
 section "core tests (integration, rack, tools) and PyTorch tests"
 $PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet \
-  --ignore=tests/ecosystem --durations=40 "$@" || status=1
+  --ignore=tests/ecosystem --durations=40 -rs "$@" || status=1
 
 # Each of these tiers runs in the environment its tests/envs/<name>.sh builds (that script
 # prints the environment's python last): the other frameworks, then the libraries and cluster
