@@ -96,8 +96,11 @@ def run_server(
     state = {"registering": False, "signal": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
+        # Only a plain assignment here: the handler runs in the main thread between two
+        # bytecodes, possibly inside wake.wait() holding the Event's lock, and wake.set()
+        # would then wait for that lock forever (seen: a parent-death SIGTERM and a second
+        # SIGTERM left an orphaned server hung for hours). _serve polls every POLL seconds.
         state["signal"] = signum
-        wake.set()
         if state["registering"]:
             raise _Terminated(signum)
 
