@@ -159,6 +159,7 @@ class SharedServerHost:
         self.python = python
         self.tenants: Dict[str, _Tenant] = {}
         self._stop = threading.Event()
+        self._signalled = False
 
     # ---------------------------------------------------------------- one scan
 
@@ -261,13 +262,19 @@ class SharedServerHost:
     # ---------------------------------------------------------------- lifetime
 
     def serve(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._signalled:
             self.scan()
             self._stop.wait(POLL)
         self.close()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def on_signal(self, _signum: int, _frame: object) -> None:
+        """A signal handler's stop: only a flag (serve polls every POLL seconds). The
+        handler runs in the main thread, possibly inside serve's _stop.wait() holding the
+        Event's lock, where _stop.set() would wait forever."""
+        self._signalled = True
 
     def close(self) -> None:
         for t in self.tenants.values():
@@ -311,8 +318,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as exc:
         print(f"fastps shared server: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: host.stop())
-    signal.signal(signal.SIGINT, lambda *_: host.stop())
+    signal.signal(signal.SIGTERM, host.on_signal)
+    signal.signal(signal.SIGINT, host.on_signal)
     log.info("watching %s", args.jobs)
     host.serve()
     return 0

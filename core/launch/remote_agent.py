@@ -129,8 +129,9 @@ def _run(spec, stdin):
     signalled = []
 
     def on_signal(signum, _frame):
+        # Only a list append: the handler runs in the main thread, possibly inside
+        # stop.wait() holding the Event's lock, where stop.set() would wait forever.
         signalled.append(signum)
-        stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
@@ -178,7 +179,7 @@ def _run(spec, stdin):
     for t in copiers:
         t.start()
     grace = float(spec.get("grace", 5.0))
-    while proc.poll() is None and not stop.is_set():
+    while proc.poll() is None and not stop.is_set() and not signalled:
         stop.wait(POLL)
     _stop_group(proc, grace)  # stops the process, or the strays it left in its group
     deadline = time.monotonic() + 1.0  # the last output; a stray may keep the pipes open
@@ -192,7 +193,7 @@ def _run(spec, stdin):
             name = signal.Signals(-rc).name
         except ValueError:
             name = f"signal {-rc}"
-        if not stop.is_set():
+        if not stop.is_set() and not signalled:
             sys.stderr.write(f"fastps agent on {socket.gethostname()}: process killed by {name}\n")
         return 128 - rc
     return rc
