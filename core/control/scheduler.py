@@ -167,6 +167,8 @@ class Scheduler:
         self._wake_w: Optional[socket.socket] = None
         self._calls: Deque[Callable[[], None]] = collections.deque()
         self._calls_lock = threading.Lock()
+        # Set by a signal handler (abort_from_signal): no lock may be taken there.
+        self._signal_reason: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._done = threading.Event()
 
@@ -301,6 +303,17 @@ class Scheduler:
         """Aborts the job: every node gets ``{"type": "abort", "reason": reason}``."""
         self._call_soon(lambda: self._abort(reason))
 
+    def abort_from_signal(self, reason: str) -> None:
+        """:meth:`abort` for a signal handler: a plain assignment and a wake-up byte, no
+        lock (the handler may have interrupted the loop while it held _calls_lock)."""
+        self._signal_reason = reason
+        wake = self._wake_w
+        if wake is not None:
+            try:
+                wake.send(b"x")
+            except OSError:
+                pass
+
     def request_shutdown(self) -> None:
         """Sends ``shutdown`` to the registered servers now (e.g. all workers have exited)."""
         self._call_soon(self._send_shutdown)
@@ -340,6 +353,10 @@ class Scheduler:
                 return
 
     def _run_calls(self) -> None:
+        reason = self._signal_reason
+        if reason is not None:
+            self._signal_reason = None
+            self._abort(reason)
         if self._wake_r is not None:
             try:
                 while self._wake_r.recv(4096):
@@ -1164,7 +1181,7 @@ def main() -> None:
     print(f"fastps scheduler: job {cfg.job_id} on {scheduler.address_text}", flush=True)
 
     def on_signal(signum: int, _frame: object) -> None:
-        scheduler.abort(f"scheduler terminated by {signal.Signals(signum).name}")
+        scheduler.abort_from_signal(f"scheduler terminated by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
