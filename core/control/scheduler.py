@@ -307,12 +307,7 @@ class Scheduler:
         """:meth:`abort` for a signal handler: a plain assignment and a wake-up byte, no
         lock (the handler may have interrupted the loop while it held _calls_lock)."""
         self._signal_reason = reason
-        wake = self._wake_w
-        if wake is not None:
-            try:
-                wake.send(b"x")
-            except OSError:
-                pass
+        self._wake_loop()
 
     def request_shutdown(self) -> None:
         """Sends ``shutdown`` to the registered servers now (e.g. all workers have exited)."""
@@ -322,6 +317,10 @@ class Scheduler:
     def _call_soon(self, fn: Callable[[], None]) -> None:
         with self._calls_lock:
             self._calls.append(fn)
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """One byte to the loop's wake-up socket (no lock: signal handlers call it too)."""
         wake = self._wake_w
         if wake is not None:
             try:

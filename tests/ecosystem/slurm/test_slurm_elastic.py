@@ -25,8 +25,8 @@ from test_slurm_real import (
     _job_processes,
     _name,
     _no_process_left,
-    _processes_with,
     _sbatch,
+    _scancel_leaves_nothing,
     _wait_for_output,
     _wait_job,
     pytestmark,  # noqa: F401  (root, a SLURM node that takes jobs, the time limit)
@@ -107,13 +107,7 @@ def test_scancel_of_an_elastic_job_leaves_nothing_running(tmp_path: Path) -> Non
     assert kinds.count(str(TRAIN)) >= 2 and "fastps.server" in kinds, f"{job_id}: {running}"
     fastps_jobs = _fastps_job_ids(set(running))
     assert fastps_jobs, f"no FASTPS_JOB_ID in job {job_id}'s processes: {running}"
-    subprocess.run(["scancel", job_id], check=True, timeout=15)
-    fields = _wait_job(job_id, 60.0)
-    assert fields.get("JobState") == "CANCELLED", f"job {job_id}: {fields}"
-    _no_process_left(job_id, within=30.0)
-    for fastps_job in fastps_jobs:
-        left = _processes_with("FASTPS_JOB_ID", fastps_job)
-        assert not left, f"fastps job {fastps_job} left processes: {left}"
+    _scancel_leaves_nothing(job_id, fastps_jobs)
 
 
 def test_hosts_outside_the_allocation_are_refused(tmp_path: Path) -> None:

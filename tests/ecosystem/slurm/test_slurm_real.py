@@ -218,6 +218,18 @@ def _wait_for_output(job_id: str, out: Path, seen: Callable[[str], bool], what: 
         time.sleep(0.3)
 
 
+def _scancel_leaves_nothing(job_id: str, fastps_jobs: Set[str]) -> None:
+    """scancel: the job ends CANCELLED and no process of it is left, nor any process of
+    its fastps jobs that lost SLURM's variables (a stray)."""
+    subprocess.run(["scancel", job_id], check=True, timeout=15)
+    fields = _wait_job(job_id, 60.0)
+    assert fields.get("JobState") == "CANCELLED", f"job {job_id}: {fields}"
+    _no_process_left(job_id, within=30.0)
+    for fastps_job in fastps_jobs:
+        left = _processes_with("FASTPS_JOB_ID", fastps_job)
+        assert not left, f"fastps job {fastps_job} left processes: {left}"
+
+
 def test_sbatch_fastpsrun_uses_the_allocation(tmp_path: Path) -> None:
     """A batch script runs ``fastpsrun -np 2``: it takes the allocation's node and slots
     and starts its processes as srun steps of the job; the job completes with exit 0."""
@@ -297,11 +309,4 @@ def test_scancel_leaves_nothing_running(tmp_path: Path) -> None:
     assert len(running) >= 4, f"job {job_id}'s processes: {running}"
     fastps_jobs = _fastps_job_ids(set(running))
     assert fastps_jobs, f"no FASTPS_JOB_ID in job {job_id}'s processes: {running}"
-    subprocess.run(["scancel", job_id], check=True, timeout=15)
-    fields = _wait_job(job_id, 60.0)
-    assert fields.get("JobState") == "CANCELLED", f"job {job_id}: {fields}"
-    _no_process_left(job_id, within=30.0)
-    # Nor any process of the fastps job that lost SLURM's variables (a stray).
-    for fastps_job in fastps_jobs:
-        left = _processes_with("FASTPS_JOB_ID", fastps_job)
-        assert not left, f"fastps job {fastps_job} left processes: {left}"
+    _scancel_leaves_nothing(job_id, fastps_jobs)
