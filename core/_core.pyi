@@ -34,10 +34,37 @@ OUTER_DELTA: int
 OUTER_PARAMS: int
 
 def outer_header(
-    kind: int, round: int, lr: float, momentum: float, nesterov: bool, tensor: int, part: int
+    kind: int,
+    round: int,
+    lr: float,
+    momentum: float,
+    nesterov: bool,
+    tensor: int,
+    part: int,
+    wire_len: int = 0,
 ) -> bytes: ...
 def parse_outer_header(data: bytes) -> Optional[Dict[str, Any]]: ...
 def outer_config_error(lr: float, momentum: float, nesterov: bool) -> str: ...
+
+# Compressed outer deltas: the worker's residuals per part key (error feedback) and the
+# encoding of one part's delta into a framed buffer.
+class ErrorFeedback:
+    def __init__(self) -> None: ...
+    def clear(self) -> None: ...
+    def parts(self) -> int: ...
+
+def encode_part_into(
+    spec: str,
+    src_ptr: int,
+    dtype: str,
+    n: int,
+    seed: int,
+    ef: Optional[ErrorFeedback],
+    key: int,
+    dst_ptr: int,
+    capacity: int,
+) -> int: ...
+def compressed_bytes(spec: str, n: int) -> int: ...
 
 class OuterOptimizer:
     def __init__(self, lr: float, momentum: float, nesterov: bool) -> None: ...

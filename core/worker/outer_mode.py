@@ -15,6 +15,13 @@ tensor into parts without knowing the mode, so this module lays each parameter o
 
 Arrays are host memory (numpy float16/32/64); each parameter is named, the same on every
 worker. With one worker there is no server: the same rule runs locally.
+
+Quorum rounds (FASTPS_ROUND_QUORUM=k, set on the servers) close an outer round once k deltas
+are in; a late delta is dropped and answered with that round's parameters, so nothing
+changes here. ``compression`` (a core compressor, ``fastps.Compression.fp16`` ...) sends the
+deltas compressed: each part's delta is encoded here (the worker's error feedback by part),
+and its header names how many bytes of the part the core sends (``wire_len``); the answer
+is the parameters, uncompressed.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from fastps.errors import FastPSError
 from fastps.worker import api
+from fastps.worker import compression as _compression
 from fastps.worker.async_mode import MODE_INIT, MODE_READ, MODE_UPDATE
 from fastps.worker.buffers import raw_buffer
 
@@ -129,6 +137,63 @@ class _Framed:
             self.bytes[data_at - hdr : data_at] = np.frombuffer(head, dtype=np.uint8)
             self.bytes[data_at : data_at + hi - lo] = src[lo:hi]
 
+    def pack_compressed(
+        self, values: np.ndarray, rnd: int, cfg: OuterConfig, spec: str, ef: Any, rank: int
+    ) -> None:
+        """Packs a delta with each part's values encoded by ``spec`` (a core compressor's
+        canonical text), error feedback through ``ef`` keyed by part. A part whose encoding
+        would not be shorter than its uncompressed values travels uncompressed."""
+        core = _core()
+        src = np.ascontiguousarray(values, dtype=self.dtype).reshape(-1)
+        base = src.ctypes.data
+        hdr = int(core.OUTER_HEADER_BYTES)
+        elem = self.dtype.itemsize
+        dtype = str(self.dtype)
+        lr, mom, nesterov = float(cfg.lr), float(cfg.momentum), cfg.nesterov
+        for i, data_at, lo, hi in self.slices:
+            n = (hi - lo) // elem
+            span = self.spans[i][1]
+            enc = int(core.compressed_bytes(spec, n)) if n else 0
+            wire = -(-(hdr + enc) // elem) * elem
+            if n == 0 or wire >= span:
+                head = core.outer_header(
+                    core.OUTER_DELTA, rnd, lr, mom, nesterov, self.tensor_id, i
+                )
+                self.bytes[data_at - hdr : data_at] = np.frombuffer(head, dtype=np.uint8)
+                self.bytes[data_at : data_at + hi - lo] = src.view(np.uint8)[lo:hi]
+                continue
+            key = (self.tensor_id ^ (i * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
+            seed = (key * 0x100000001B3 + rnd * 0x9E3779B1 + rank) & 0xFFFFFFFFFFFFFFFF
+            got = core.encode_part_into(
+                spec, base + lo, dtype, n, seed, ef, key, self.buf.ctypes.data + data_at, span - hdr
+            )
+            if int(got) != enc:  # pragma: no cover - compressed_bytes is the encoder's size
+                raise FastPSError(
+                    f"outer parameter '{self.name}': {spec} wrote {got} bytes, not {enc}"
+                )
+            self.bytes[data_at + enc : data_at - hdr + wire] = 0  # the padding to an element
+            head = core.outer_header(
+                core.OUTER_DELTA, rnd, lr, mom, nesterov, self.tensor_id, i, wire_len=wire
+            )
+            self.bytes[data_at - hdr : data_at] = np.frombuffer(head, dtype=np.uint8)
+
+    def wire_bytes(self, spec: str) -> int:
+        """The bytes a delta of this parameter pushes (headers included, frames excluded):
+        compressed with ``spec``, or uncompressed for ``""``."""
+        core = _core()
+        hdr = int(core.OUTER_HEADER_BYTES)
+        elem = self.dtype.itemsize
+        total = 0
+        for i, _data_at, lo, hi in self.slices:
+            n = (hi - lo) // elem
+            span = self.spans[i][1]
+            if not spec or n == 0:
+                total += span
+                continue
+            wire = -(-(hdr + int(core.compressed_bytes(spec, n))) // elem) * elem
+            total += min(wire, span)
+        return total
+
     def unpack(self, out: np.ndarray, want_round: Optional[int], what: str) -> int:
         """Copies the answered parameters into ``out``; returns the outer round the answer
         holds (every part must say the same, and ``want_round`` if given)."""
@@ -158,16 +223,25 @@ class OuterExchange:
 
     :meth:`init` (every worker; rank 0's values win) starts the servers, :meth:`step`
     pushes each worker's delta of the round and writes the new parameters, :meth:`read`
-    fetches them. Every wait has the core's op timeout (FASTPS_OP_TIMEOUT)."""
+    fetches them. Every wait has the core's op timeout (FASTPS_OP_TIMEOUT).
 
-    def __init__(self, what: str, config: OuterConfig) -> None:
+    ``compression``: a core compressor (``fastps.Compression.fp16``, ``.onebit(
+    error_feedback=True)``, ...) the deltas are pushed with; None: uncompressed (the
+    FASTPS_COMPRESSION default does not apply here)."""
+
+    def __init__(self, what: str, config: OuterConfig, compression: Any = None) -> None:
         self.what = what
         self.config = config
+        self.compression = compression
+        # The worker's error feedback for compressed deltas, by part; a new layout (init)
+        # starts it afresh.
+        self._ef: Any = None
         self.round = 0  # outer steps done
         # The core session whose servers hold the parameters (None: none yet): an elastic
         # membership change brings new servers, which must be initialized again.
         self.session: Any = None
         self._frames: Dict[str, _Framed] = {}
+        self._specs: Dict[str, str] = {}  # by parameter: its deltas' compressor ("": none)
         # One worker, no servers: the rule runs here, on float64 copies.
         self._local: Dict[str, Tuple[Any, np.ndarray]] = {}
 
@@ -204,6 +278,8 @@ class OuterExchange:
         worker = api.session().worker
         frames = [_Framed(name, arr, worker) for name, arr in named]
         self._frames = {f.name: f for f in frames}
+        self._specs = {f.name: self._spec_of(f) for f in frames}
+        self._ef = _core().ErrorFeedback() if any(self._specs.values()) else None
         self.session = api.session()
         root = api.rank() == 0
         core = _core()
@@ -241,13 +317,30 @@ class OuterExchange:
             f = self._frames.get(name)
             if f is None:
                 raise FastPSError(f"{self.what}: parameter '{name}' was never initialized")
-            f.pack(delta, core.OUTER_DELTA, self.round, self.config)
+            spec = self._specs.get(name, "")
+            if spec:
+                f.pack_compressed(delta, self.round, self.config, spec, self._ef, api.rank())
+            else:
+                f.pack(delta, core.OUTER_DELTA, self.round, self.config)
             frames.append(f)
             handles.append((name, self._start(f, MODE_UPDATE, True)))
         self._wait(handles)
         for f, (_name, _delta, out) in zip(frames, named):
             f.unpack(out, self.round + 1, self.what)
         self.round += 1
+
+    def _spec_of(self, f: _Framed) -> str:
+        if self.compression is None:
+            return ""
+        spec = _compression.spec_for(
+            self.compression, f.core_name, int(np.prod(f.shape)) * f.dtype.itemsize, str(f.dtype)
+        )
+        return _compression.canonical_spec(spec) if spec else ""
+
+    def delta_bytes(self) -> int:
+        """The bytes one outer step pushes (headers included, frame headers not), with this
+        exchange's compression: what the socket counters should see per step."""
+        return sum(f.wire_bytes(self._specs.get(n, "")) for n, f in self._frames.items())
 
     def read(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
         """Overwrites each array with the parameters the servers hold (no update)."""

@@ -120,21 +120,58 @@ void bind_outer(py::module_& m) {
   m.def(
       "outer_header",
       [](uint32_t kind, uint64_t round, double lr, double momentum, bool nesterov, uint64_t tensor,
-         uint32_t part) {
+         uint32_t part, uint32_t wire_len) {
         OuterHeader h{};
         h.magic = kOuterMagic;
         h.kind = kind;
         h.flags = nesterov ? kOuterNesterov : 0;
+        if (wire_len) h.flags |= kOuterCompressed;
         h.round = round;
         h.lr = lr;
         h.momentum = momentum;
         h.tensor = tensor;
         h.part = part;
+        h.wire_len = wire_len;
         h.check = outer_check(h);
         return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
       },
       py::arg("kind"), py::arg("round"), py::arg("lr"), py::arg("momentum"), py::arg("nesterov"),
-      py::arg("tensor"), py::arg("part"));
+      py::arg("tensor"), py::arg("part"), py::arg("wire_len") = 0,
+      "wire_len > 0: a compressed delta's header, whose part sends that many bytes.");
+  // Compressed outer deltas: the worker's residuals (error feedback) per part key, and the
+  // encoding of one part's delta into the framed buffer right after its header.
+  py::class_<ErrorFeedback>(m, "ErrorFeedback")
+      .def(py::init<>())
+      .def("clear", &ErrorFeedback::clear)
+      .def("parts", &ErrorFeedback::parts);
+  m.def(
+      "encode_part_into",
+      [](const std::string& spec, uintptr_t src, const std::string& dtype, size_t n, uint64_t seed,
+         ErrorFeedback* ef, uint64_t key, uintptr_t dst, size_t capacity) {
+        CompressionSpec s = CompressionSpec::parse(spec);
+        if (!s.enabled())
+          throw std::invalid_argument("encode_part_into: spec '" + spec + "' is none");
+        DType dt = dtype_from_name(dtype);
+        if (s.error_feedback && !ef)
+          throw std::invalid_argument("encode_part_into: " + s.describe() +
+                                      " needs an ErrorFeedback");
+        auto bytes = encode_part(s, as_ptr(src), dt, n, seed, s.error_feedback ? ef : nullptr, key);
+        if (bytes->size() > capacity)
+          throw std::invalid_argument("encode_part_into: " + std::to_string(bytes->size()) +
+                                      " bytes do not fit in " + std::to_string(capacity));
+        std::memcpy(as_ptr(dst), bytes->data(), bytes->size());
+        return bytes->size();
+      },
+      py::arg("spec"), py::arg("src_ptr"), py::arg("dtype"), py::arg("n"), py::arg("seed"),
+      py::arg("ef").none(true), py::arg("key"), py::arg("dst_ptr"), py::arg("capacity"),
+      "Encodes n values of dtype at src_ptr (error feedback through ef, by part key) into "
+      "dst_ptr; returns the bytes written (compressed header and body).");
+  m.def(
+      "compressed_bytes",
+      [](const std::string& spec, size_t n) {
+        return compressed_bytes(CompressionSpec::parse(spec), n);
+      },
+      py::arg("spec"), py::arg("n"), "The bytes a compressed part of n values takes.");
   // None when the bytes hold no valid header.
   m.def("parse_outer_header", [](const py::bytes& b) -> py::object {
     std::string s = b;
@@ -150,6 +187,8 @@ void bind_outer(py::module_& m) {
     d["nesterov"] = (h.flags & kOuterNesterov) != 0;
     d["tensor"] = h.tensor;
     d["part"] = h.part;
+    d["compressed"] = (h.flags & kOuterCompressed) != 0;
+    d["wire_len"] = h.wire_len;
     return std::move(d);
   });
   m.def("outer_config_error", [](double lr, double momentum, bool nesterov) {

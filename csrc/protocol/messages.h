@@ -2,6 +2,7 @@
 // servers, carried in transport frames (transport/wire.h) with the protocol's
 // flags (protocol/flags.h), and the key every end indexes a part's state by.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -34,12 +35,16 @@ enum class MsgType : uint8_t {
 // update (kFlagAsync, kind kOuterDelta) is one worker's delta of outer round `round`; every
 // answer (kind kOuterParams) holds the parameters after `round` outer steps. `check` mixes the
 // other fields, so an ordinary async parameter whose bytes begin with the magic is not taken
-// for an outer one.
+// for an outer one. A compressed delta (flags kOuterCompressed) is followed by one compressed
+// part (compression/part_codec.h: CompressedHeader and body) instead of the elements, and
+// `wire_len` says how many bytes of the part's span travel (header included, padded to the
+// element size): the worker core sends only those (outer_wire_len), the server decodes them.
 constexpr uint64_t kOuterMagic = 0x31525455'4F535046ull;  // "FPSOUTR1"
 constexpr uint32_t kOuterInit = 1;
 constexpr uint32_t kOuterDelta = 2;
 constexpr uint32_t kOuterParams = 3;
-constexpr uint32_t kOuterNesterov = 1;  // OuterHeader.flags
+constexpr uint32_t kOuterNesterov = 1;    // OuterHeader.flags
+constexpr uint32_t kOuterCompressed = 2;  // OuterHeader.flags: a compressed delta
 struct OuterHeader {
   uint64_t magic;
   uint32_t kind;
@@ -49,7 +54,7 @@ struct OuterHeader {
   double momentum;
   uint64_t tensor;  // the part it travels in: a header copied to another part is refused
   uint32_t part;
-  uint32_t reserved;
+  uint32_t wire_len;  // a compressed delta's bytes on the wire, this header included; else 0
   uint64_t check;
 };
 static_assert(sizeof(OuterHeader) == 64, "outer header layout");
@@ -64,6 +69,19 @@ inline uint64_t outer_check(const OuterHeader& h) {
     x ^= x >> 31;
   }
   return x;
+}
+
+// How many of the `len` bytes of an async update's part at `part` go on the wire: the
+// `wire_len` of a compressed outer delta's valid header (at least the header, at most len),
+// else all of them. The worker core's only knowledge of outer frames.
+inline size_t outer_wire_len(const void* part, size_t len) {
+  if (len < sizeof(OuterHeader)) return len;
+  OuterHeader h;
+  std::memcpy(&h, part, sizeof h);
+  if (h.magic != kOuterMagic || h.kind != kOuterDelta || !(h.flags & kOuterCompressed) ||
+      h.wire_len < sizeof(OuterHeader) || h.wire_len > len || h.check != outer_check(h))
+    return len;
+  return h.wire_len;
 }
 
 // The header of an answer (a result, an error) to the push `push`: the push's part fields,

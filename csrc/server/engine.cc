@@ -18,7 +18,8 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const 
       num_workers_(num_workers),
       server_id_(server_id),
       quorum_(rules.quorum, rules.quorum_fraction, rules.quorum_history, num_workers),
-      params_(num_workers, rules.staleness, server_id),
+      params_(num_workers, rules.staleness, server_id, rules.quorum, rules.quorum_fraction,
+              rules.quorum_history),
       nudge_(rules.nudge),
       conn_of_rank_(num_workers),
       compressed_(num_workers, server_id, [this](const FrameHeader& h, const std::string& m) {
@@ -128,6 +129,7 @@ void SumEngine::handle(PushWork& w) {
   if (h.flags & (kFlagAsync | kFlagAsyncInit)) {  // parameters kept here (param_store.h)
     std::string bad = params_.handle(w.conn, h, w.data);
     async_updates_ = params_.updates();
+    late_outer_ = params_.late_outer();
     if (!bad.empty()) refuse(w, bad);
     return;
   }

@@ -68,7 +68,8 @@ class SumEngine {
     fatal_ = std::move(fatal);
   }
   uint64_t parts_summed() const { return parts_summed_ + compressed_.parts_summed(); }
-  uint64_t late_pushes() const { return late_pushes_; }
+  // Late pushes of quorum rounds: gradients' and outer deltas' (param_store.h).
+  uint64_t late_pushes() const { return late_pushes_ + late_outer_; }
   uint64_t fetched_rounds() const { return fetched_rounds_; }
   uint64_t async_updates() const { return async_updates_; }
   uint64_t nudges() const { return nudges_; }
@@ -140,6 +141,7 @@ class SumEngine {
   std::atomic<uint64_t> late_pushes_{0};
   std::atomic<uint64_t> fetched_rounds_{0};  // catch-up fetches answered from the history
   std::atomic<uint64_t> async_updates_{0};
+  std::atomic<uint64_t> late_outer_{0};
   std::atomic<uint64_t> nudges_{0};
   bool nudge_;
   // Per worker rank, the connection of its last push (never a rack relay's).

@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "compression/part_codec.h"
 #include "kernels/sum.h"
 #include "protocol/flags.h"
 #include "transport/link.h"
@@ -27,11 +28,17 @@ std::string part_text(const FrameHeader& h) {
 }
 }  // namespace
 
-ParamStore::ParamStore(uint32_t num_workers, int64_t staleness, uint32_t server_id)
-    : num_workers_(num_workers), staleness_(staleness), server_id_(server_id) {}
+ParamStore::ParamStore(uint32_t num_workers, int64_t staleness, uint32_t server_id, uint32_t quorum,
+                       double quorum_fraction, uint32_t quorum_history)
+    : num_workers_(num_workers),
+      staleness_(staleness),
+      server_id_(server_id),
+      quorum_(quorum, quorum_fraction, quorum_history, num_workers),
+      quorum_on_(quorum_.needed(num_workers) < num_workers) {}
 
-std::string ParamStore::check(const Part& p, const FrameHeader& h) const {
-  if (h.dtype == p.dtype && h.len == p.value.size() && h.tensor_bytes == p.tensor_bytes) return "";
+std::string ParamStore::check(const Part& p, const FrameHeader& h, bool shorter) const {
+  bool len_ok = shorter ? h.len <= p.value.size() : h.len == p.value.size();
+  if (h.dtype == p.dtype && len_ok && h.tensor_bytes == p.tensor_bytes) return "";
   std::ostringstream os;
   os << "async part " << h.part << " of tensor id " << h.tensor << ": worker " << h.sender
      << " sent " << h.len << " bytes of " << dtype_name(static_cast<DType>(h.dtype))
@@ -129,7 +136,8 @@ std::string ParamStore::handle(const std::shared_ptr<Connection>& conn, const Fr
           "fastps.core.api.async_init / DistributedOptimizer(async=True))";
     return os.str();
   }
-  std::string bad = check(p, h);
+  // An outer part's update may be a compressed delta, shorter than the part.
+  std::string bad = check(p, h, p.outer && carries);
   if (!bad.empty()) return bad;
   if (!carries) {  // a read: the current parameters, no clock
     answer(p, conn, h);
@@ -194,6 +202,7 @@ std::string ParamStore::init_outer(Part& p, const std::shared_ptr<Connection>& c
   outer->pushed.assign(num_workers_, false);
   outer->round = oh.round;  // the workers' outer round goes on across a re-init
   p.outer = std::move(outer);
+  quorum_.forget(part_key(h.tensor, h.part));  // the rounds kept held the old parameters
   p.value.assign(data.data, data.data + h.len);
   OuterHeader ans = oh;
   ans.kind = kOuterParams;
@@ -228,7 +237,10 @@ std::string ParamStore::update_outer(Part& p, const std::shared_ptr<Connection>&
   Outer& o = *p.outer;
   OuterHeader oh;
   std::ostringstream os;
-  if (!read_outer(data, h, &oh) || oh.kind != kOuterDelta)
+  bool has_header = read_outer(data, h, &oh) && oh.kind == kOuterDelta;
+  if (has_header && oh.tensor == h.tensor && oh.part == h.part && oh.round < o.round && quorum_on_)
+    return late_outer(p, conn, h, oh);  // its round closed without it
+  if (!has_header)
     os << "async update of " << part_text(h) << " from worker " << h.sender
        << " carries no outer delta header, but the part is trained with an outer optimizer "
           "(local SGD / DiLoCo): push its deltas through that algorithm";
@@ -242,21 +254,104 @@ std::string ParamStore::update_outer(Part& p, const std::shared_ptr<Connection>&
   else if (o.pushed[h.sender])
     os << "worker " << h.sender << " pushed " << part_text(h) << " twice in outer round "
        << o.round;
+  else
+    os << add_delta(p, h, data, oh);
   if (!os.str().empty()) {
     // The round cannot complete any more: tell its other pushers now, not at their timeout.
     fail_round(p, os.str());
     return os.str();
   }
-  auto dt = static_cast<DType>(h.dtype);
-  add_as_double(data.data + sizeof(OuterHeader), dt, o.acc.size(), o.acc.data());
+  uint64_t key = part_key(h.tensor, h.part);
   o.pushed[h.sender] = true;
   o.count++;
   o.waiting.push_back(Waiter{conn, h, o.round});
   updates_++;
-  if (o.count < num_workers_) return "";
-  for (double& d : o.acc) d /= num_workers_;  // the mean delta
+  if (quorum_on_) quorum_.note_push(key, h.sender, o.round);
+  if (quorum_on_ ? !quorum_.may_close(key, o.round, o.count, num_workers_) : o.count < num_workers_)
+    return "";
+  close_round(p, key);
+  return "";
+}
+
+std::string ParamStore::add_delta(Part& p, const FrameHeader& h, const Payload& data,
+                                  const OuterHeader& oh) {
+  Outer& o = *p.outer;
+  auto dt = static_cast<DType>(h.dtype);
+  const char* body = data.data + sizeof(OuterHeader);
+  const size_t n = o.acc.size();
+  if (!(oh.flags & kOuterCompressed)) {
+    if (h.len != p.value.size()) {
+      std::ostringstream os;
+      os << "outer delta for " << part_text(h) << " from worker " << h.sender << ": " << h.len
+         << " bytes, the part holds " << p.value.size();
+      return os.str();
+    }
+    add_as_double(body, dt, n, o.acc.data());
+    return "";
+  }
+  std::ostringstream os;
+  os << "compressed outer delta for " << part_text(h) << " from worker " << h.sender << ": ";
+  const size_t elem = dtype_size(dt);
+  if (oh.wire_len != h.len) {
+    os << "its header says " << oh.wire_len << " bytes on the wire, " << h.len << " arrived";
+    return os.str();
+  }
+  try {
+    CompressedHeader ch = read_compressed_header(body, h.len - sizeof(OuterHeader));
+    if (ch.elements != n) {
+      os << "it holds " << ch.elements << " values, the part " << n;
+      return os.str();
+    }
+    // The codec's exact length; the frame pads it to a whole element.
+    size_t need = compressed_bytes(spec_of(ch), n);
+    size_t framed = (sizeof(OuterHeader) + need + elem - 1) / elem * elem;
+    if (framed != h.len) {
+      os << h.len << " bytes, " << spec_of(ch).describe() << " of " << n << " values takes "
+         << framed;
+      return os.str();
+    }
+    o.decoded.resize(n);
+    decode_part(body, need, n, o.decoded.data(), false);
+  } catch (const std::exception& e) {
+    os << e.what();
+    return os.str();
+  }
+  add_as_double(o.decoded.data(), DType::kFloat32, n, o.acc.data());
+  compressed_deltas_++;
+  return "";
+}
+
+std::string ParamStore::late_outer(Part& p, const std::shared_ptr<Connection>& conn,
+                                   const FrameHeader& h, const OuterHeader& oh) {
+  Outer& o = *p.outer;
+  uint64_t key = part_key(h.tensor, h.part);
+  std::string why;
+  auto bytes = quorum_.result_of(key, oh.round, &why);
+  if (!bytes || bytes->size() != p.value.size()) {
+    std::ostringstream os;
+    os << "worker " << h.sender << " pushed its delta of outer round " << oh.round << " for "
+       << part_text(h) << " late (the server is in round " << o.round
+       << "): " << (bytes ? "the part was reinitialized since" : why);
+    return os.str();  // refused to its sender only: the open round goes on without it
+  }
+  // Dropped, as a late gradient of a quorum round is: the round's parameters went out
+  // without it, and its sender gets the very bytes the round's pushers got.
+  FrameHeader r = answer_header(h, MsgType::kResult, server_id_);
+  r.pushers = 0;
+  Link(conn, false).send(r, Payload::memory(bytes->data(), bytes->size(), bytes));
+  late_outer_++;
+  quorum_.note_push(key, h.sender, oh.round);
+  // The laggard moved up: the open round may have been waiting for it to be in reach.
+  if (o.count > 0 && quorum_.may_close(key, o.round, o.count, num_workers_)) close_round(p, key);
+  return "";
+}
+
+void ParamStore::close_round(Part& p, uint64_t key) {
+  Outer& o = *p.outer;
+  auto dt = static_cast<DType>(p.dtype);
+  for (double& d : o.acc) d /= o.count;  // the mean of the deltas counted
   o.opt.step(o.params.data(), o.acc.data(), o.params.size());
-  o.round++;
+  uint64_t closed = o.round++;
   outer_steps_++;
   OuterHeader ans;
   std::memcpy(&ans, p.value.data(), sizeof ans);
@@ -266,19 +361,20 @@ std::string ParamStore::update_outer(Part& p, const std::shared_ptr<Connection>&
   from_double(o.params.data(), o.params.size(), dt, p.value.data() + sizeof(OuterHeader));
   // One snapshot for every answer: the value changes only at the next round's end.
   auto snap = std::make_shared<std::vector<char>>(p.value);
+  if (quorum_on_) quorum_.keep(key, closed, snap);
   for (auto& w : o.waiting) {
     FrameHeader r = w.hdr;
     r.type = static_cast<uint8_t>(MsgType::kResult);
     r.sender = server_id_;
     r.flags = 0;
     r.pushers = 0;
+    r.len = snap->size();
     Link(w.conn, false).send(r, Payload::memory(snap->data(), snap->size(), snap));
   }
   o.waiting.clear();
   std::fill(o.acc.begin(), o.acc.end(), 0.0);
   std::fill(o.pushed.begin(), o.pushed.end(), false);
   o.count = 0;
-  return "";
 }
 
 }  // namespace fastps

@@ -54,12 +54,15 @@ double QuorumRounds::finish(uint64_t key, uint64_t round, char* data, uint64_t l
     factor = static_cast<double>(expected) / count;
     scale(data, len / dtype_size(dt), dt, factor);
   }
+  keep(key, round, std::make_shared<std::vector<char>>(data, data + len));
+  return factor;
+}
+
+void QuorumRounds::keep(uint64_t key, uint64_t round, std::shared_ptr<std::vector<char>> bytes) {
   PartRounds& p = parts_[key];
   if (p.last.empty()) p.last.assign(num_workers_, -1);
-  auto bytes = std::make_shared<std::vector<char>>(data, data + len);
   p.history.push_back(Closed{round, std::move(bytes)});
   while (p.history.size() > history_) p.history.pop_front();
-  return factor;
 }
 
 std::shared_ptr<std::vector<char>> QuorumRounds::result_of(uint64_t key, uint64_t round,

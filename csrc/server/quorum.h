@@ -31,6 +31,9 @@ class QuorumRounds {
   // stay as summed) and keeps a copy for late pushers. Returns the factor applied.
   double finish(uint64_t key, uint64_t round, char* data, uint64_t len, DType dt, uint32_t count,
                 uint32_t expected);
+  // Keeps `bytes` as closed round `round`'s answer for late pushers (finish does it for sums;
+  // the outer optimizer's parts keep their answers, the parameters after the round).
+  void keep(uint64_t key, uint64_t round, std::shared_ptr<std::vector<char>> bytes);
   // The kept result of a closed round, or null with *why saying what went wrong.
   std::shared_ptr<std::vector<char>> result_of(uint64_t key, uint64_t round,
                                                std::string* why) const;

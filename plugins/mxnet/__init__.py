@@ -9,6 +9,10 @@
 or, for scripts written for MXNet's parameter server, ``mx.kv.create('fastps')`` in place
 of ``mx.kv.create('dist_sync')`` (importing this package registers the store).
 
+Training algorithms (``fastps.mxnet.algorithms``: 1-bit Adam, local SGD, DiLoCo) run in
+the trainer: ``hvd.DistributedTrainer(params, "onebitadam", {...})`` or
+``hvd.DistributedTrainer(params, "adam", {...}, algorithm=hvd.DiLoCo(H=8))``.
+
 Every collective is the framework-neutral one of ``fastps.collectives``; this package only
 adapts NDArrays (``ops.py``). Launch with ``fastpsrun -np N python train.py``. Nothing here
 is compiled against MXNet: arrays reach the core by address, so any MXNet 1.x with the
@@ -40,7 +44,8 @@ from fastps.collectives.capabilities import (
     rocm_built,
 )
 from fastps.errors import HorovodInternalError, HostsUpdatedInterrupt
-from fastps.mxnet import elastic
+from fastps.mxnet import algorithms, elastic
+from fastps.mxnet.algorithms import DiLoCo, LocalSGD, OneBitAdam
 from fastps.mxnet.basics import (
     cross_rank,
     cross_size,
@@ -104,6 +109,10 @@ from fastps.mxnet.training import DistributedOptimizer, DistributedTrainer, broa
 from fastps.timeline.session import start_timeline, stop_timeline
 
 __all__ = [
+    "algorithms",
+    "OneBitAdam",
+    "LocalSGD",
+    "DiLoCo",
     "elastic",
     "init",
     "shutdown",

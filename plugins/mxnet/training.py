@@ -16,9 +16,14 @@ from fastps.collectives.ops import ProcessSet, ReduceOp, global_process_set
 from fastps.control.elastic_wire import enabled as _elastic_enabled
 from fastps.errors import FastPSError
 from fastps.mxnet import engine_wait as EW
+from fastps.mxnet.algorithms.base import Algorithm
+from fastps.mxnet.algorithms.onebit_adam import MOMENTUM_TAG, OneBitAdam, OneBitAdamAlgorithm
+from fastps.mxnet.algorithms.runner import Runner
+from fastps.mxnet.algorithms.runner import resolve as _resolve_algorithm
 from fastps.mxnet.basics import basics
 from fastps.mxnet.compression import Compression, is_core
 from fastps.mxnet.ops import (
+    _HOST_DEVICES,
     MXHandle,
     _CoreHandle,
     _fetch_target,
@@ -146,6 +151,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     Every attribute not defined here is read from and written to the wrapped optimizer, so
     ``rescale_grad``, ``param_dict``, learning-rate schedules and the rest keep working when
     a Gluon ``Trainer`` or an ``Updater`` drives it. One device per worker process.
+
+    A ``fastps.mxnet.algorithms.OneBitAdam`` optimizer runs 1-bit Adam: past its warm-up
+    each update averages the parameter's momentum, compressed with error feedback, instead
+    of its gradient (docs/guide/algorithms.md). ``algorithm``: None (the optimizer's own,
+    as in torch) or ``OneBitAdamAlgorithm()``; the other algorithms (local SGD, DiLoCo)
+    need ``DistributedTrainer``.
     """
 
     _OWN = ("_fastps_opt", "_fastps_predivide", "_fastps_prefix", "_fastps_set")
@@ -157,6 +168,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         num_groups: int = 0,
         process_set: ProcessSet = global_process_set,
         prefix: Optional[str] = None,
+        algorithm: Any = None,
     ) -> None:
         # num_groups (Horovod's fusion groups) is accepted and unused, as in the trainer.
         # The base constructor is not called: its attributes live in the wrapped optimizer.
@@ -165,6 +177,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                 f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
                 f"{type(optimizer).__name__}"
             )
+        _check_optimizer_algorithm(algorithm, optimizer)
         object.__setattr__(self, "_fastps_opt", optimizer)
         object.__setattr__(self, "_fastps_predivide", float(gradient_predivide_factor))
         if prefix is None:
@@ -222,12 +235,50 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def create_state_multi_precision(self, index: Any, weight: NDArray) -> Any:
         return self._fastps_opt.create_state_multi_precision(index, weight)
 
+    def _exchange(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """What the wrapped optimizer's update needs from the other workers: the averaged
+        gradients, or, for 1-bit Adam past its warm-up, the averaged momentum."""
+        opt = self._fastps_opt
+        if not isinstance(opt, OneBitAdam):
+            self._average(index, grad)
+            return
+        ps = self._fastps_set
+        if not ps.included() or ps.size() == 1:
+            return  # the optimizer computes the momentum locally
+        many = isinstance(index, (list, tuple))
+        rows = list(zip(index, weight, grad, state)) if many else [(index, weight, grad, state)]
+        warm = [(i, g) for i, _w, g, _s in rows if not opt.compressing(i)]
+        handles = []
+        for idx, w, g, s in rows:
+            if not opt.compressing(idx):
+                continue
+            if w.context.device_type not in _HOST_DEVICES:
+                raise FastPSError(
+                    f"OneBitAdam: parameter '{opt._name(idx)}' is on {w.context}; only CPU "
+                    "parameters are supported"
+                )
+            sent = opt.exchange_buffer_(idx, w, g, s)
+            handles.append(
+                allreduce_async_(
+                    sent,
+                    name=f"{self._fastps_prefix}{MOMENTUM_TAG}.{idx}",
+                    priority=C.priority_for(idx, 0) if isinstance(idx, int) else 0,
+                    process_set=ps,
+                    op=ReduceOp.AVERAGE,
+                    compression=opt.compression,
+                )
+            )
+        if warm:
+            self._average([i for i, _ in warm], [g for _, g in warm])
+        for h in handles:
+            h.synchronize()
+
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._average(index, grad)
+        self._exchange(index, weight, grad, state)
         self._fastps_opt.update(index, weight, grad, state)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._average(index, grad)
+        self._exchange(index, weight, grad, state)
         self._fastps_opt.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr: float) -> None:
@@ -249,6 +300,29 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         for k, v in state.items():
             object.__setattr__(self, k, v)
+
+
+def _check_optimizer_algorithm(algorithm: Any, optimizer: Any) -> None:
+    """``DistributedOptimizer(algorithm=...)``: only 1-bit Adam's, which is per parameter."""
+    if algorithm is None:
+        return
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(
+            "DistributedOptimizer: algorithm must be a fastps.mxnet.algorithms.Algorithm, got "
+            f"{type(algorithm).__name__}"
+        )
+    if type(algorithm) is not OneBitAdamAlgorithm:
+        raise FastPSError(
+            f"DistributedOptimizer: algorithm {algorithm.name} needs hvd.DistributedTrainer: "
+            "an mx.optimizer.Optimizer is handed one parameter at a time and never sees a "
+            "step begin or end, where the algorithm's hooks run (only OneBitAdam's exchange "
+            "is per parameter)"
+        )
+    if not isinstance(optimizer, OneBitAdam):
+        raise TypeError(
+            "OneBitAdamAlgorithm needs a fastps.mxnet.algorithms.OneBitAdam optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
 
 
 # -------------------------------------------------------------------------------- trainer
@@ -324,6 +398,13 @@ class DistributedTrainer(mx.gluon.Trainer):
     ``applied_rounds``, not its own steps. Needs every gradient on the core's path
     (global set, host arrays, no compression, no sufficient factors); cross-barrier
     updates are off under quorum rounds.
+
+    ``algorithm``: a ``fastps.mxnet.algorithms.Algorithm`` run in place of the gradient
+    averaging (docs/guide/algorithms.md): ``LocalSGD(H)``, ``DiLoCo(H)``
+    (docs/guide/local-sgd.md) or 1-bit Adam's, which the ``OneBitAdam`` optimizer
+    (``"onebitadam"``) names by itself. It runs with op=Average over every rank,
+    synchronous steps (no cross-barrier), no tensor fusion, no sufficient factors, no
+    quorum catch-up and no async mode, and decides compression itself.
     """
 
     def __init__(
@@ -339,6 +420,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         op: Any = ReduceOp.AVERAGE,
         cross_barrier: Optional[bool] = None,
         model: Any = None,
+        algorithm: Any = None,
         **kwargs: Any,
     ) -> None:
         asynchronous = async_requested(kwargs, current_mode(), "DistributedTrainer")
@@ -368,8 +450,14 @@ class DistributedTrainer(mx.gluon.Trainer):
             kvstore=None,
             update_on_kvstore=False,
         )
-        # Compression.none takes FASTPS_COMPRESSION's choice (docs/guide/compression.md).
-        if compression in (None, Compression.none) and _api.is_initialized():
+        algo = _resolve_algorithm(algorithm, compression, self._optimizer)
+        quorum = _api.is_initialized() and _api.quorum_catch_up()
+        if algo is not None:
+            _check_trainer_algorithm(algo, asynchronous, rop, process_set, quorum, cross_barrier)
+            cross_barrier, model = False, None
+        # Compression.none takes FASTPS_COMPRESSION's choice (docs/guide/compression.md); an
+        # algorithm decides what it compresses.
+        if algo is None and compression in (None, Compression.none) and _api.is_initialized():
             compression = default_compressor(_api.config()) or Compression.none
         if is_core(compression) and rop == ReduceOp.ADASUM:
             raise FastPSError(
@@ -398,7 +486,6 @@ class DistributedTrainer(mx.gluon.Trainer):
         weakref.finalize(self, self._fastps_fusion.drop)
         # Quorum rounds: the waits' lags, the fetch targets of the last reduction, the
         # rounds applied (docs/guide/async.md, "Catch-up").
-        quorum = _api.is_initialized() and _api.quorum_catch_up()
         self._fastps_lags: Optional[CU.RoundLag] = CU.RoundLag() if quorum else None
         self._fastps_fetch: List[Tuple[int, NDArray, str, int, float]] = []
         self._fastps_rounds = 0
@@ -408,6 +495,20 @@ class DistributedTrainer(mx.gluon.Trainer):
             DeltaExchange("DistributedTrainer(async)") if asynchronous else None
         )
         self._fastps_sfb = self._sufficient_factors(model)
+        # A training algorithm other than the averaging above (algorithms/runner.py); set
+        # up now when every parameter has its data, else at the first step.
+        self._fastps_runner: Optional[Runner] = None
+        if algo is not None:
+            runner = Runner(algo, self)
+            self._fastps_runner = runner
+            if _api.is_initialized() and runner.data_ready():
+                runner.ensure_setup()
+
+    @property
+    def algorithm(self) -> Optional[Algorithm]:
+        """The training algorithm this trainer runs, or None (gradient averaging)."""
+        runner = self._fastps_runner
+        return None if runner is None else runner.algorithm
 
     def _sufficient_factors(self, model: Any) -> Optional[SufficientFactors]:
         """The Dense weights that may travel as sufficient factors (sfb.py), or None."""
@@ -488,6 +589,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             return  # a rank outside the set trains on its own gradients (as Horovod)
         if not self._fastps_checked:
             self._fastps_check()
+        if self._fastps_runner is not None:
+            self._fastps_runner.round()
+            return
         if self._fastps_op == ReduceOp.ADASUM or self._fastps_async is not None:
             # The updates are combined in _update; here only the devices' gradients are
             # summed, so every device applies the same local update.
@@ -646,6 +750,14 @@ class DistributedTrainer(mx.gluon.Trainer):
                 data[:] = value
 
     def _update(self, ignore_stale_grad: bool = False) -> None:
+        runner = self._fastps_runner
+        if runner is not None:
+            runner.ensure_setup()  # one worker: no round ran it
+            super()._update(ignore_stale_grad)
+            self._fastps_rounds += 1
+            if self._fastps_active():
+                runner.after_step()
+            return
         if self._fastps_async is not None and self._fastps_active():
             self._fastps_async_update(ignore_stale_grad)
             return
@@ -715,6 +827,36 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._fastps_rounds += 1
 
         CU.catch_up(behind, fetch, apply)
+
+
+def _check_trainer_algorithm(
+    algo: Algorithm,
+    asynchronous: bool,
+    op: ReduceOp,
+    process_set: ProcessSet,
+    quorum: bool,
+    cross_barrier: Optional[bool],
+) -> None:
+    """Refuses, naming why, what an algorithm cannot run with."""
+    if asynchronous:
+        raise ValueError(f"DistributedTrainer: algorithm={algo!r} cannot run asynchronously")
+    if op != ReduceOp.AVERAGE:
+        raise FastPSError(f"DistributedTrainer: algorithm {algo.name} runs with op=Average only")
+    if process_set is not global_process_set:
+        raise FastPSError(
+            f"DistributedTrainer: algorithm {algo.name} exchanges over every rank (its pushes "
+            "go straight to the core): no process_set"
+        )
+    if quorum:
+        raise FastPSError(
+            f"DistributedTrainer: algorithm {algo.name} cannot catch up on quorum rounds "
+            "(FASTPS_QUORUM_CATCH_UP)"
+        )
+    if basics.cross_barrier(cross_barrier) and basics.cross_barrier_explicit(cross_barrier):
+        warnings.warn(
+            f"fastps: cross-barrier updates off: algorithm {algo.name} steps synchronously",
+            stacklevel=4,
+        )
 
 
 def _wait_named(handle: Any, name: str) -> None:

@@ -32,8 +32,9 @@ from fastps.errors import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
 )
-from fastps.tensorflow import elastic  # Horovod's hvd.elastic
+from fastps.tensorflow import algorithms, elastic  # elastic: Horovod's hvd.elastic
 from fastps.tensorflow._engine import MismatchError, UsageError
+from fastps.tensorflow.algorithms import DiLoCo, LocalSGD, OneBitAdam
 from fastps.tensorflow.basics import (
     cross_rank,
     cross_size,
@@ -159,6 +160,10 @@ __all__ = [
     "SyncBatchNormalization",
     "DistributedOptimizer",
     "PartialDistributedOptimizer",
+    "algorithms",
+    "OneBitAdam",
+    "LocalSGD",
+    "DiLoCo",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",

@@ -82,6 +82,7 @@ class _Direct(Waitable):
         scale: float,
         core: Any = None,
         lags: Optional[CU.RoundLag] = None,
+        quorum: bool = True,
     ):
         self._out = np.empty(arr.shape, dtype=arr.dtype)
         self._lags = lags  # where the wait reports the quorum lag (catch-up)
@@ -101,7 +102,9 @@ class _Direct(Waitable):
             out=self._out,
             keep=(arr,),
             compression=core,
-            quorum=True,  # a gradient: a quorum round under FASTPS_ROUND_QUORUM
+            # a gradient: a quorum round under FASTPS_ROUND_QUORUM, unless the sum becomes
+            # replicated state (an algorithm's momentum), which needs every worker's push
+            quorum=quorum,
         )
 
     def poll(self) -> bool:
@@ -199,6 +202,7 @@ def _direct_starter(
     plan: Optional[GradientFusion] = None,
     core: Any = None,
     lags: Optional[CU.RoundLag] = None,
+    quorum: bool = True,
 ) -> Callable[..., E.Work]:
     """Starts the sums, times ``scale`` (and divided by the world's size when it starts,
     for an average: a graph traced in one world may run in the next, docs/guide/elastic.md);
@@ -210,7 +214,7 @@ def _direct_starter(
         factor = scale / C.global_process_set.size() if average else scale
         with _api.submission_batch():
             parts = [
-                _Direct(E.to_numpy(a, dt), dt, n, p, factor, core, lags)
+                _Direct(E.to_numpy(a, dt), dt, n, p, factor, core, lags, quorum)
                 for a, dt, n, p in zip(arrs, dtypes, names, priorities)
             ]
         return E.Work(parts, lambda res: [E.from_numpy(r, dt) for r, dt in zip(res, dtypes)])
@@ -254,6 +258,9 @@ class GradientReducer:
         # when a gradient took another path). None: nobody catches up (the tape).
         self.lags: Optional[CU.RoundLag] = None
         self.last_fetch: Optional[RoundFetch] = None
+        # False: every sum waits for every worker's push even under FASTPS_ROUND_QUORUM
+        # (the sums are replicated state, e.g. 1-bit Adam's momentum).
+        self.quorum = True
 
     def _group(self, grads: Sequence[Any], variables: Sequence[Any], live: List[int]) -> E.Group:
         group = E.group_of([variables[i] if i < len(variables) else grads[i] for i in live], live)
@@ -491,6 +498,7 @@ class GradientReducer:
                 plan,
                 self.core,
                 self.lags,
+                self.quorum,
             )
         else:
             starter = self._layer_starter(members, dtypes, names, priority)

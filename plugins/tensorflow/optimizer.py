@@ -4,15 +4,19 @@ local variables (PartialDistributedOptimizer)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Set, Type
 
 import numpy as np
 import tensorflow as tf
+from fastps.errors import FastPSError
 from fastps.tensorflow import _engine as E
 from fastps.tensorflow import cross_barrier as CB
 from fastps.tensorflow import ops as O
 from fastps.tensorflow import sfb as SFB
 from fastps.tensorflow._reducer import GradientReducer, RoundFetch
+from fastps.tensorflow.algorithms.runner import Runner
+from fastps.tensorflow.algorithms.runner import resolve as resolve_algorithm
 from fastps.tensorflow.async_optimizer import make_async_optimizer
 from fastps.tensorflow.basics import basics
 from fastps.tensorflow.compression import Compression, Compressor
@@ -48,6 +52,13 @@ def _distributed_class(base: Any) -> Any:
             trainable_variables = list(trainable_variables)
             variables = trainable_variables
         sync: OptimizerGradients = self._fastps_grads
+        runner = self.__dict__.get("_fastps_runner")
+        if runner is not None:
+            # A training algorithm (algorithms/runner.py) exchanges what it needs itself.
+            sync.take_reduced(variables)
+            return runner.apply(
+                lambda exchanged: base.apply(self, exchanged, trainable_variables), grads, variables
+            )
         cb = self.__dict__.get("_fastps_cb")
         if sync.take_reduced(variables):
             # From _compute_gradients: reduced (or aggregated) there already.
@@ -250,6 +261,8 @@ def _make_compute_gradients(base: Any) -> Any:
         them as they are instead of reducing again. ``loss`` is a tensor recorded on
         ``tape``, or a callable (then ``tape`` may be None)."""
         pairs = _local_gradients(self, base, loss, var_list, grad_loss, tape)
+        if self.__dict__.get("_fastps_runner") is not None:
+            return pairs  # the algorithm exchanges in apply (algorithms/runner.py)
         variables = [v for _, v in pairs]
         sync: OptimizerGradients = self._fastps_grads
         reduced = sync.compute([g for g, _ in pairs], variables)
@@ -330,6 +343,7 @@ def DistributedOptimizer(
     scale_local_gradients: bool = True,
     cross_barrier: Optional[bool] = None,
     model: Any = None,
+    algorithm: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Returns a copy of the Keras 3 ``optimizer`` (built from its config) whose updates use
@@ -362,6 +376,13 @@ def DistributedOptimizer(
     docs/guide/async.md); the reduction arguments then do not apply.
     ``model``: the Keras 3 model (or layer) whose ``Dense`` kernels may be synchronised as
     sufficient factors under ``FASTPS_SFB=auto|on`` (``sfb.py``, docs/guide/sfb.md).
+
+    ``algorithm``: a ``fastps.tensorflow.algorithms.Algorithm`` (docs/guide/algorithms.md):
+    ``LocalSGD(H)``, ``DiLoCo(H)``, or ``OneBitAdamAlgorithm()``; default: the one the
+    optimizer names (``OneBitAdam``), else synchronous gradient averaging
+    (``GradientAveraging``, this function's own path). Another algorithm needs a Keras 3
+    optimizer and runs with op=Average over the global set, one pass per step, no
+    cross-barrier updates and no sufficient factors, and decides compression itself.
     """
     # Accepted for Horovod compatibility (CPU path; priorities instead of explicit groups).
     del device_dense, device_sparse, groups
@@ -381,6 +402,7 @@ def DistributedOptimizer(
         [],
         kwargs,
         model=model,
+        algorithm=algorithm,
     )
 
 
@@ -477,6 +499,7 @@ def _distributed(
     kwargs: Dict[str, Any],
     who: str = "DistributedOptimizer",
     model: Any = None,
+    algorithm: Any = None,
 ) -> Any:
     passes = check_passes(backward_passes_per_step)
     import keras
@@ -494,6 +517,8 @@ def _distributed(
     if getattr(optimizer, "_fastps_distributed", False):
         raise ValueError("this optimizer is already a fastps DistributedOptimizer")
     if async_requested(kwargs, current_mode(), who):
+        if algorithm is not None:
+            raise ValueError(f"{who}: algorithm={algorithm!r} cannot run asynchronously")
         if make_class is _keras2_class:
             # The async class replaces Keras 3's apply, which Keras 2 never calls: every
             # worker would silently train alone.
@@ -512,6 +537,20 @@ def _distributed(
     op = O._resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != O.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
+    compression, algo = resolve_algorithm(algorithm, compression, optimizer)
+    if algo is not None:
+        _check_algorithm(algo, who, make_class is _keras2_class, type(optimizer), op, process_set)
+        if passes != 1:
+            raise ValueError(
+                f"{who}: algorithm {algo.name} takes no backward_passes_per_step (got "
+                f"{passes}): its exchanges follow the optimizer's steps"
+            )
+        if _cross_barrier_asked(cross_barrier):
+            warnings.warn(
+                f"fastps: cross-barrier updates off: algorithm {algo.name} steps synchronously",
+                stacklevel=3,
+            )
+        cross_barrier, model = False, None
     cls = make_class(type(optimizer))
     config = optimizer.get_config()
     if name is not None:
@@ -571,7 +610,31 @@ def _distributed(
         else:
             CB.warn(why)
     object.__setattr__(new, "_fastps_cb", cb)
+    if algo is not None:
+        runner = Runner(algo, new, grads)
+        object.__setattr__(new, "_fastps_runner", runner)
+        algo.setup(runner)
     return new
+
+
+def _check_algorithm(
+    algo: Any, who: str, keras2: bool, base: type, op: Any, process_set: Any
+) -> None:
+    """Refuses what an algorithm cannot run with, naming it."""
+    if keras2:
+        raise ValueError(
+            f"{who}: algorithm {algo.name} needs a Keras 3 optimizer (its hooks are in Keras "
+            f"3's apply); {base.__name__} is a Keras 2 (tf_keras) one"
+        )
+    if op != O.Average:
+        raise FastPSError(f"{who}: algorithm {algo.name} runs with op=Average only")
+    if process_set is not None and process_set is not O.global_process_set:
+        raise FastPSError(f"{who}: algorithm {algo.name} runs over the global process set only")
+    if _api.is_initialized() and _api.quorum_catch_up():
+        raise FastPSError(
+            f"{who}: algorithm {algo.name} cannot catch up on quorum rounds "
+            "(FASTPS_QUORUM_CATCH_UP)"
+        )
 
 
 class OptimizerGradients:

@@ -9,6 +9,7 @@
 #include "common/trace.h"
 #include "kernels/sum.h"
 #include "protocol/flags.h"
+#include "protocol/messages.h"
 #include "worker/paths/paths.h"
 
 namespace fastps {
@@ -73,9 +74,12 @@ void RoutedPath::send(PartTask& t) const {
   if (!h.receive) hdr.flags |= kFlagNoReply;
   if (h.mode == PushMode::kAsyncUpdate || h.mode == PushMode::kAsyncRead) hdr.flags |= kFlagAsync;
   if (h.mode == PushMode::kAsyncInit) hdr.flags |= kFlagAsyncInit;
-  Payload p = h.send ? Payload::memory(h.in + t.span.offset, len) : Payload{};
+  // A compressed outer delta (local SGD / DiLoCo, protocol/messages.h) sends only the bytes
+  // its in-band header names; the answer is the whole part.
+  size_t wire = h.mode == PushMode::kAsyncUpdate ? outer_wire_len(h.in + t.span.offset, len) : len;
+  Payload p = h.send ? Payload::memory(h.in + t.span.offset, wire) : Payload{};
   ctx_.stats->pushed_routed++;
-  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, len);
+  trace::mark(trace::Mark::kSend, hdr.tensor, hdr.part, server, wire);
   // Credit counts the part's len either way: a want-only header is written at once.
   if (!write_part(link, hdr, p, server, server, len))
     ctx_.abort("lost connection to " + link.desc());

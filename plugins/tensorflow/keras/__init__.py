@@ -34,6 +34,7 @@ from fastps.tensorflow import (
     shutdown,
     size,
 )
+from fastps.tensorflow.algorithms import DiLoCo, LocalSGD, OneBitAdam
 from fastps.tensorflow.keras import callbacks, elastic
 from fastps.tensorflow.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
@@ -59,6 +60,9 @@ __all__ = [
     "allgather_object",
     "DistributedOptimizer",
     "PartialDistributedOptimizer",
+    "OneBitAdam",
+    "LocalSGD",
+    "DiLoCo",
     "callbacks",
     "elastic",
     "FastPSError",

@@ -17,6 +17,12 @@ the servers keep per parameter part (``csrc/server/outer_optimizer.h``)::
 worker holds the mean of the workers' parameters. ``DiLoCo`` (Douillard et al. 2023): SGD
 with Nesterov momentum on the averaged delta (outer lr 0.7, momentum 0.9 by default). The
 inner optimizer's state (e.g. Adam's moments) stays on each worker, as in DiLoCo.
+
+``compression`` (a core compressor: ``fastps.Compression.fp16``, ``.onebit(error_feedback=
+True)``, ...; also given as ``DistributedOptimizer(..., compression=c)``) sends the deltas
+compressed; the servers decode them before the outer step and answer with the parameters,
+uncompressed. Quorum rounds (FASTPS_ROUND_QUORUM) close an outer round with the first k
+deltas (docs/guide/local-sgd.md, "Composition").
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ from typing import Any, List, Optional
 import torch
 from fastps.errors import FastPSError
 from fastps.torch.algorithms.base import Algorithm, Context, ServerRule, register_server_rule
+from fastps.torch.compression import Compression as _TorchCompression
+from fastps.torch.compression import is_core
 from fastps.worker import api as _api
 from fastps.worker import outer_mode as _outer
+from fastps.worker.compression import Compression as _CoreCompression
 
 __all__ = ["LocalSGD", "DiLoCo"]
 
@@ -78,10 +87,16 @@ class LocalSGD(Algorithm):
     momentum, Nesterov's if ``nesterov``. The defaults (1, 0) are plain model averaging.
 
     Every rank must take the same number of steps; :meth:`outer_step` syncs at once (e.g.
-    before evaluating, when the step count is not a multiple of ``H``)."""
+    before evaluating, when the step count is not a multiple of ``H``). ``compression``: a
+    core compressor for the deltas (None: uncompressed)."""
 
     def __init__(
-        self, H: int, outer_lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False
+        self,
+        H: int,
+        outer_lr: float = 1.0,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        compression: Any = None,
     ) -> None:
         who = type(self).__name__
         if isinstance(H, bool) or not isinstance(H, int) or H < 1:
@@ -91,6 +106,9 @@ class LocalSGD(Algorithm):
         _outer.check_outer_config(outer_lr, momentum, nesterov, who)
         self.H = H
         self.config = _outer.OuterConfig(float(outer_lr), float(momentum), nesterov)
+        self.compression: Any = None
+        if compression is not None:
+            self.adopt_compression(compression)
         self.local_steps = 0  # optimizer steps since the last outer step
         self.outer_steps = 0
         self._slots: List[_Slot] = []
@@ -98,10 +116,31 @@ class LocalSGD(Algorithm):
 
     def __repr__(self) -> str:
         c = self.config
+        extra = f", compression={self.compression!r}" if self.compression is not None else ""
         return (
             f"{type(self).__name__}(H={self.H}, outer_lr={c.lr}, momentum={c.momentum}, "
-            f"nesterov={c.nesterov})"
+            f"nesterov={c.nesterov}{extra})"
         )
+
+    def adopt_compression(self, compression: Any) -> None:
+        """Takes ``DistributedOptimizer(..., compression=c)`` for the deltas (before
+        setup); refuses a non-core compressor, or a second one naming both."""
+        who = type(self).__name__
+        if getattr(self, "_exchange", None) is not None:
+            raise FastPSError(f"{who}: compression is chosen before the DistributedOptimizer")
+        if compression is _TorchCompression.fp16:  # Horovod's spelling: the core's fp16
+            compression = _CoreCompression.fp16
+        if not is_core(compression):
+            raise ValueError(
+                f"{who}: compression must be one of the core's compressors "
+                f"(fastps.Compression...), got {compression!r}"
+            )
+        if self.compression is not None and self.compression != compression:
+            raise ValueError(
+                f"{who}: compression={compression!r} and the algorithm's own "
+                f"compression={self.compression!r} name two compressors; give one"
+            )
+        self.compression = compression
 
     def server_rule(self) -> ServerRule:
         c = self.config
@@ -110,7 +149,9 @@ class LocalSGD(Algorithm):
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
         self._slots = [_Slot(p.name, p.tensor) for p in ctx.params]
-        self._exchange = _outer.OuterExchange(f"algorithm {self.name}", self.config)
+        self._exchange = _outer.OuterExchange(
+            f"algorithm {self.name}", self.config, compression=self.compression
+        )
         self.reset_parameters()
 
     def on_gradient(self, p: Any) -> None:
@@ -172,6 +213,13 @@ class DiLoCo(LocalSGD):
     averaged delta, run by the servers (outer lr 0.7, momentum 0.9 as in the paper)."""
 
     def __init__(
-        self, H: int, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True
+        self,
+        H: int,
+        outer_lr: float = 0.7,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        compression: Any = None,
     ) -> None:
-        super().__init__(H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
+        super().__init__(
+            H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov, compression=compression
+        )

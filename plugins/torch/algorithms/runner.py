@@ -49,6 +49,11 @@ def resolve(
             )
         return (mine if mine is not None else compression), None
     if compression not in (None, Compression.none):
+        adopt = getattr(algorithm, "adopt_compression", None)
+        if adopt is not None:  # e.g. LocalSGD / DiLoCo: compressed deltas
+            adopt(compression)
+            check_server_rule(algorithm.server_rule(), algorithm.name)
+            return None, algorithm
         raise ValueError(
             f"DistributedOptimizer: compression={compression!r} applies to the built-in "
             f"gradient averaging; algorithm {algorithm.name} decides what it compresses"

@@ -1,0 +1,172 @@
+"""Local SGD and DiLoCo for MXNet, with the outer optimizer on the summation servers
+(docs/guide/local-sgd.md; the torch plugin's ``fastps.torch.algorithms.LocalSGD``).
+
+Every worker runs the trainer's (inner) optimizer on its own gradients for ``H`` steps with
+no communication; then it pushes the change of its parameters since the last outer step
+and receives, in the same exchange, the parameters after the servers' outer step
+(``core/worker/outer_mode.py``, ``csrc/server/outer_optimizer.h``)::
+
+    trainer = hvd.DistributedTrainer(
+        net.collect_params(), "adam", {"learning_rate": 1e-3}, algorithm=DiLoCo(H=8)
+    )
+
+``LocalSGD``: plain model averaging (outer lr 1, no momentum). ``DiLoCo`` (Douillard et al.
+2023): SGD with Nesterov momentum on the averaged delta (outer lr 0.7, momentum 0.9). The
+inner optimizer's state stays on each worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import numpy as np
+from fastps.errors import FastPSError
+from fastps.mxnet.algorithms.base import Algorithm, Context, ServerRule, register_server_rule
+from fastps.worker import api as _api
+from fastps.worker import outer_mode as _outer
+
+__all__ = ["LocalSGD", "DiLoCo"]
+
+_HOST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+
+def _check_outer_rule(rule: ServerRule) -> None:
+    opts = dict(rule.options)
+    known = {"lr", "momentum", "nesterov"}
+    if set(opts) != known:
+        raise ValueError(f"server rule 'outer' takes options {sorted(known)}, got {sorted(opts)}")
+    _outer.check_outer_config(opts["lr"], opts["momentum"], opts["nesterov"], "server rule 'outer'")
+
+
+register_server_rule("outer", _check_outer_rule)
+
+
+class _Slot:
+    """One parameter: a host copy the exchange reads and writes, and its value at the last
+    outer step (the anchor every delta is taken from). ``name``: the tensor's name on the
+    servers (the trainer's prefix and the parameter's name)."""
+
+    def __init__(self, name: str, parameter: Any) -> None:
+        dtype = np.dtype(parameter.dtype)
+        if dtype not in _HOST_DTYPES:
+            raise FastPSError(
+                f"local SGD parameter '{parameter.name}': dtype {dtype.name} is not supported "
+                "(float32, float64, float16)"
+            )
+        self.name = name
+        self.parameter = parameter
+        self.host = parameter.list_data()[0].asnumpy()  # a copy, in host memory
+        self.anchor = self.host.copy()
+        self.delta = np.empty_like(self.host)
+
+    def stage(self) -> None:
+        self.host[...] = self.parameter.list_data()[0].asnumpy()
+
+    def load(self) -> None:
+        for data in self.parameter.list_data():  # every device of this worker
+            data[:] = self.host
+
+
+class LocalSGD(Algorithm):
+    """``H`` local steps, then an outer step on the servers: the mean of the workers'
+    deltas applied with outer learning rate ``outer_lr`` and (``momentum`` > 0) SGD
+    momentum, Nesterov's if ``nesterov``. The defaults (1, 0) are plain model averaging.
+
+    Every rank must take the same number of steps; :meth:`outer_step` syncs at once (e.g.
+    before evaluating, when the step count is not a multiple of ``H``)."""
+
+    def __init__(
+        self, H: int, outer_lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False
+    ) -> None:
+        who = type(self).__name__
+        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+            raise ValueError(
+                f"{who}: H (local steps per outer step) must be an integer >= 1, got {H!r}"
+            )
+        _outer.check_outer_config(outer_lr, momentum, nesterov, who)
+        self.H = H
+        self.config = _outer.OuterConfig(float(outer_lr), float(momentum), nesterov)
+        self.local_steps = 0  # optimizer steps since the last outer step
+        self.outer_steps = 0
+        self._slots: List[_Slot] = []
+        self._exchange: Optional[_outer.OuterExchange] = None
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"{type(self).__name__}(H={self.H}, outer_lr={c.lr}, momentum={c.momentum}, "
+            f"nesterov={c.nesterov})"
+        )
+
+    def server_rule(self) -> ServerRule:
+        c = self.config
+        return ServerRule("outer", {"lr": c.lr, "momentum": c.momentum, "nesterov": c.nesterov})
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self._slots = [_Slot(f"{ctx.prefix}{p.name}", p.parameter) for p in ctx.params]
+        self._exchange = _outer.OuterExchange(f"algorithm {self.name}", self.config)
+        self.reset_parameters()
+
+    def on_gradient(self, p: Any) -> None:
+        """Local steps: the gradient stays on this worker."""
+
+    def after_step(self) -> None:
+        self.local_steps += 1
+        if self.local_steps >= self.H:
+            self.outer_step()
+
+    def on_reset(self) -> None:
+        """An elastic reset callback: the state rolls back to the last commit, taken right
+        after an outer step, so the local steps count from zero again."""
+        self.local_steps = 0
+
+    def _ready(self) -> _outer.OuterExchange:
+        ex = self._exchange
+        if ex is None:
+            raise FastPSError(
+                f"algorithm {self.name}: not set up (build the DistributedTrainer; with "
+                "parameters Gluon initializes at the first forward pass, take one step)"
+            )
+        return ex
+
+    def reset_parameters(self) -> None:
+        """Rank 0's parameters become every worker's and the servers' (the outer optimizer
+        starts afresh: no momentum). Called at setup; call it on every rank after changing
+        the parameters outside training (e.g. rank 0 loaded a checkpoint)."""
+        ex = self._ready()
+        for s in self._slots:
+            s.stage()
+        ex.init([(s.name, s.host) for s in self._slots])
+        for s in self._slots:
+            s.load()
+            s.anchor[...] = s.host
+        self.local_steps = 0
+
+    def outer_step(self) -> None:
+        """Pushes this worker's delta since the last outer step and loads the parameters
+        after the servers' outer step (every rank must call it alike)."""
+        ex = self._ready()
+        for s in self._slots:
+            s.stage()
+            np.subtract(s.host, s.anchor, out=s.delta)
+        if ex.session is not None and ex.session is not _api.session():
+            # An elastic membership change brought new servers holding nothing: they start
+            # from rank 0's anchor, then take this round's deltas (no outer momentum).
+            ex.init([(s.name, s.anchor) for s in self._slots])
+        ex.step([(s.name, s.delta, s.host) for s in self._slots])
+        for s in self._slots:
+            s.load()
+            s.anchor[...] = s.host
+        self.local_steps = 0
+        self.outer_steps += 1
+
+
+class DiLoCo(LocalSGD):
+    """DiLoCo: ``H`` inner steps (typically Adam), then SGD with Nesterov momentum on the
+    averaged delta, run by the servers (outer lr 0.7, momentum 0.9 as in the paper)."""
+
+    def __init__(
+        self, H: int, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True
+    ) -> None:
+        super().__init__(H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
