@@ -67,10 +67,12 @@ class Job:
         custom: Optional[Dict[Tuple[str, int], List[str]]] = None,
         worker_racks: Optional[List[str]] = None,
         server_racks: Optional[List[str]] = None,
+        registration_timeout: float = 30.0,
     ) -> None:
         """worker_hosts/server_hosts: FASTPS_HOSTNAME of each process, to emulate machines;
         worker_racks/server_racks: their FASTPS_RACK (rack-level hierarchy).
-        custom: python arguments of particular processes, by (role, index)."""
+        custom: python arguments of particular processes, by (role, index).
+        registration_timeout: how long the scheduler waits for every process to register."""
         custom = custom or {}
         self.job_id = job_id or "t" + secrets.token_hex(3)
         self.token = secrets.token_hex(16)
@@ -79,7 +81,7 @@ class Job:
             num_servers,
             self.job_id,
             self.token,
-            timeout=30.0,
+            timeout=registration_timeout,
             heartbeat_timeout=heartbeat_timeout,
         )
         self.scheduler.start()

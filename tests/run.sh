@@ -30,6 +30,25 @@ if [ $unit = 1 ]; then
   echo "unit tests failed (above); running the rest of the suite anyway" >&2
 fi
 
+# The MXNet environment is a virtual environment of its own (.venv-mxnet, which git and the
+# linters ignore): building it changes nothing the next sections use, and it is mostly
+# downloads and installs, so it is built in the background (at a lower priority) while the
+# C++ tests, lint and mypy run, and waited for before the core tests, whose timings it must
+# not disturb. Its output is shown at its tier.
+bg=$(mktemp -d "${TMPDIR:-/tmp}/fastps-run-envs.XXXXXX")
+mxnet_env_pid=""
+mxnet_env_rc=0
+stop_bg() {
+  if [ -n "$mxnet_env_pid" ]; then kill "$mxnet_env_pid" 2>/dev/null || true; fi
+  rm -rf "$bg"
+}
+trap stop_bg EXIT
+if [ -f tests/envs/mxnet.sh ] && [ -d tests/mxnet ]; then
+  section "mxnet environment: building in the background"
+  nice -n 10 bash tests/envs/mxnet.sh >"$bg/mxnet.out" 2>"$bg/mxnet.err" &
+  mxnet_env_pid=$!
+fi
+
 section "C++ unit tests (GoogleTest through ctest)"
 tests/cpp/run.sh || status=1
 
@@ -51,6 +70,12 @@ if [ -z "${FASTPS_VISION_PYTHON:-}" ] && { [ "${FASTPS_VISION:-0}" = 1 ] || [ -d
   fi
 fi
 
+if [ -n "$mxnet_env_pid" ]; then
+  section "waiting for the mxnet environment"
+  wait "$mxnet_env_pid" || mxnet_env_rc=$?
+  mxnet_env_pid=""
+fi
+
 section "core tests (integration, rack, tools) and PyTorch tests"
 $PY -m pytest -q tests --ignore=tests/unit --ignore=tests/tensorflow --ignore=tests/mxnet \
   --ignore=tests/ecosystem --durations=40 -rs "$@" || status=1
@@ -64,8 +89,16 @@ for tier in tensorflow mxnet ecosystem/lightning ecosystem/huggingface ecosystem
   ecosystem/spark ecosystem/slurm ecosystem/openmpi; do
   name=$(basename "$tier")
   if [ -f "tests/envs/$name.sh" ] && [ -d "tests/$tier" ]; then
-    section "$name environment"
-    if tierpy=$(bash "tests/envs/$name.sh" | tail -n 1) && [ -x "$tierpy" ]; then
+    if [ -f "$bg/$name.out" ]; then
+      section "$name environment (built in the background, above; exit $mxnet_env_rc)"
+      cat "$bg/$name.err" >&2
+      tierpy=""
+      [ "$mxnet_env_rc" = 0 ] && tierpy=$(tail -n 1 "$bg/$name.out")
+    else
+      section "$name environment"
+      tierpy=$(bash "tests/envs/$name.sh" | tail -n 1) || tierpy=""
+    fi
+    if [ -n "$tierpy" ] && [ -x "$tierpy" ]; then
       section "$name tests ($tierpy)"
       "$tierpy" -m pytest -q "tests/$tier" -p no:cacheprovider --durations=10 "$@" || status=1
     else

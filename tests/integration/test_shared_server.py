@@ -49,12 +49,24 @@ def host(tmp_path: Path) -> Iterator[Tuple[subprocess.Popen, str]]:
 
 
 def shared_job(
-    jobs_dir: str, argv: list, quota_mb: float = 0.0, workers: int = 2, tcp: bool = False
+    jobs_dir: str,
+    argv: list,
+    quota_mb: float = 0.0,
+    workers: int = 2,
+    tcp: bool = False,
+    registration_timeout: float = 30.0,
 ) -> Job:
     """A job whose one server is the shared host's (the Job's own server slot runs nothing).
     ``tcp``: shared memory off, so every part lands in the server's own memory."""
     env = {"FASTPS_SHM": "0"} if tcp else None
-    job = Job(workers, 1, argv, env=env, custom={("server", 0): ["-c", "pass"]})
+    job = Job(
+        workers,
+        1,
+        argv,
+        env=env,
+        custom={("server", 0): ["-c", "pass"]},
+        registration_timeout=registration_timeout,
+    )
     admit(
         jobs_dir,
         JobSpec(job.job_id, job.token, job.scheduler.address_text, workers, 1, 0, quota_mb),
@@ -142,7 +154,15 @@ def test_memory_quota_fails_only_the_job_over_it(host: Tuple[subprocess.Popen, s
     about the idle ~65 MB), so a quota below the working set is what trips it here: that
     job fails alone, its state names the quota, the other job finishes."""
     proc, jobs_dir = host
-    big = shared_job(jobs_dir, [TENANT, "3", str(16 * 1024 * 1024), "2r"], quota_mb=40, tcp=True)
+    # Its server is stopped at the quota before it registers: the workers end at their
+    # registration timeout (15 s, not the default 30: nothing else waits on it).
+    big = shared_job(
+        jobs_dir,
+        [TENANT, "3", str(16 * 1024 * 1024), "2r"],
+        quota_mb=40,
+        tcp=True,
+        registration_timeout=15,
+    )
     small = shared_job(jobs_dir, [TENANT, "4", "100000", "8"])
     with big, small:
         st = wait_state(jobs_dir, big.job_id, ("failed", "done"), 120)
