@@ -129,17 +129,24 @@ def bare_python(cache: Path) -> Path:
     return py
 
 
+# Per benchmark, a column of CPU efficiency (more is better) shown beside the time when the
+# runs wrote it: comm_rack's megabytes synchronised per CPU-second of the job's own
+# processes (benchmarks/cpu_account.py, JobCpuSampler), which other load barely moves.
+CPU_COLUMNS = {"comm": "job_mb_per_cpu_s"}
+
+
 def read_cells(
-    path: Path, keys: Sequence[str], tcol: str, fcol: str
-) -> Dict[Tuple[str, ...], Tuple[float, float]]:
+    path: Path, keys: Sequence[str], tcol: str, fcol: str, ccol: str = ""
+) -> Dict[Tuple[str, ...], Tuple[float, float, float]]:
     with path.open() as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    out: Dict[Tuple[str, ...], Tuple[float, float]] = {}
+    out: Dict[Tuple[str, ...], Tuple[float, float, float]] = {}
     for r in rows:
         if r.get("status", "ok") != "ok" or not r.get(tcol):
             continue
         frac = float(r[fcol]) if r.get(fcol) else float("nan")
-        out[tuple(r[k] for k in keys)] = (float(r[tcol]), frac)
+        cpu = float(r[ccol]) if ccol and r.get(ccol) else float("nan")
+        out[tuple(r[k] for k in keys)] = (float(r[tcol]), frac, cpu)
     return out
 
 
@@ -187,8 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_dir = args.cache / "runs" / time.strftime("%Y%m%d-%H%M%S")
     runs_dir.mkdir(parents=True)
 
-    # cells[key][side] = [(time, frac) per repeat]
-    cells: Dict[Tuple[str, ...], List[List[Tuple[float, float]]]] = {}
+    # cells[key][side] = [(time, frac, cpu) per repeat]
+    cells: Dict[Tuple[str, ...], List[List[Tuple[float, float, float]]]] = {}
+    ccol = CPU_COLUMNS.get(args.bench, "")
     t_start = time.monotonic()
     for rep in range(args.repeats):
         order = (0, 1) if rep % 2 == 0 else (1, 0)
@@ -204,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
                 print(f"ab_rack: the {label} run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
-            for key, val in read_cells(out, keys, tcol, fcol).items():
+            for key, val in read_cells(out, keys, tcol, fcol, ccol).items():
                 cells.setdefault(key, [[], []])[side].append(val)
 
     print()
@@ -214,20 +222,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"interleaved ({time.monotonic() - t_start:.0f} s)"
     )
     head = f"{'  '.join(f'{k:>8}' for k in keys)}  {'A':>7} {'B':>7}  {'B/A':>6} {'range':>13}"
-    print(f"{head}  {'A ' + fcol:>10} {'B ' + fcol:>10}   ({tcol}: medians over repeats)")
+    cpu_head = f"  {'A cpu':>7} {'B cpu':>7} {'B/A cpu':>7}" if ccol else ""
+    print(f"{head}  {'A ' + fcol:>10} {'B ' + fcol:>10}{cpu_head}   ({tcol}: medians over repeats)")
+    if ccol:
+        print(f"(cpu: {ccol}, more is better; B/A cpu: median of the paired ratios)")
     rows = []
     for key in sorted(cells, key=lambda c: tuple(_sortable(x) for x in c)):
         a, b = cells[key]
         if not a or not b:
             continue
-        paired = [tb / ta for (ta, _), (tb, _) in zip(a, b)]
-        ma, mb = statistics.median(t for t, _ in a), statistics.median(t for t, _ in b)
-        fa, fb = statistics.median(f for _, f in a), statistics.median(f for _, f in b)
+        paired = [tb[0] / ta[0] for ta, tb in zip(a, b)]
+        ma, mb = statistics.median(t[0] for t in a), statistics.median(t[0] for t in b)
+        fa, fb = statistics.median(t[1] for t in a), statistics.median(t[1] for t in b)
+        ca, cb = statistics.median(t[2] for t in a), statistics.median(t[2] for t in b)
+        cpu_pairs = [tb[2] / ta[2] for ta, tb in zip(a, b)]
+        cratio = statistics.median(cpu_pairs)
         ratio = statistics.median(paired)
-        rows.append((*key, ma, mb, ratio, min(paired), max(paired), fa, fb, len(paired)))
+        rows.append(
+            (*key, ma, mb, ratio, min(paired), max(paired), fa, fb, ca, cb, cratio, len(paired))
+        )
+        cpu_text = f"  {ca:7.1f} {cb:7.1f} {cratio:7.3f}" if ccol else ""
         print(
             f"{'  '.join(f'{k:>8}' for k in key)}  {ma:7.3f} {mb:7.3f}  {ratio:6.3f} "
-            f"{min(paired):6.3f}-{max(paired):6.3f}  {fa:10.3f} {fb:10.3f}"
+            f"{min(paired):6.3f}-{max(paired):6.3f}  {fa:10.3f} {fb:10.3f}{cpu_text}"
         )
     if args.out:
         with args.out.open("w", newline="") as f:
@@ -237,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             w = csv.writer(f)
             w.writerow(
                 [*keys, f"a_{tcol}", f"b_{tcol}", "b_over_a", "min", "max"]
-                + [f"a_{fcol}", f"b_{fcol}", "pairs"]
+                + [f"a_{fcol}", f"b_{fcol}", "a_cpu", "b_cpu", "b_over_a_cpu", "pairs"]
             )
             for r in rows:
                 w.writerow([f"{x:.5g}" if isinstance(x, float) else x for x in r])

@@ -40,13 +40,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rack_common as rc  # noqa: E402
-from benchmarks.cpu_account import MachineCpuSampler  # noqa: E402
+from benchmarks.cpu_account import JobCpuSampler, MachineCpuSampler  # noqa: E402
 from benchmarks.rack import linkstat  # noqa: E402
 
 SYSTEMS = ("fastps", "gloo", "mxnet")
@@ -70,6 +70,8 @@ FIELDS = [
     "allreduce_bound_s",
     "cpu_s_per_iter",
     "mb_per_cpu_s",
+    "job_cpu_s_per_iter",
+    "job_mb_per_cpu_s",
     "status",
     "note",
 ]
@@ -337,6 +339,9 @@ class Runner:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"comm-{system}-"))
             samples = self.sample_links(stack, f"{system}-{model}-n{n}-k{k}")
             cpu = stack.enter_context(MachineCpuSampler())
+            job_cpu: Optional[JobCpuSampler] = None
+            if JobCpuSampler.available():
+                job_cpu = stack.enter_context(JobCpuSampler(f"{args.prefix}-{system}-{port}"))
             env = {"RACK_RESULT_DIR": tmp}
             if system == "fastps":
                 # Defaults: each process reads its host's link rate (the htb class here)
@@ -351,9 +356,12 @@ class Runner:
                 launch = rc.start_mxnet(self.rack, n, k, python, argv, port, env, label=f"mx{port}")
             else:
                 raise ValueError(system)
+            if job_cpu is not None:
+                _charge(job_cpu, [p.pid for p in launch.procs])
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
             times, why = _collect(Path(tmp), n)
             cpu_s = _cpu_per_iter(cpu, Path(tmp), args.iters)
+            job_cpu_s = _cpu_per_iter(job_cpu, Path(tmp), args.iters) if job_cpu else None
             if samples is not None:  # the workers' iteration spans beside the samples
                 spans = {r: res.get("spans", []) for r, res in rc.read_results(Path(tmp)).items()}
                 samples.with_suffix(".spans.json").write_text(json.dumps(spans))
@@ -367,18 +375,37 @@ class Runner:
         row = self.row(model, system, n, k, times, "ok", f"wall {wall:.0f} s")
         if cpu_s:
             row.update(cpu_s_per_iter=cpu_s, mb_per_cpu_s=row["model_mb"] / cpu_s)
+        if job_cpu_s:
+            row.update(job_cpu_s_per_iter=job_cpu_s, job_mb_per_cpu_s=row["model_mb"] / job_cpu_s)
         print(
             f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
             f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
             f"({row['bound_s']:.3f} s), {100 * row['frac_bound_nominal']:.0f}% of nominal "
             f"bound ({row['bound_nominal_s']:.3f} s), "
-            f"{row.get('mb_per_cpu_s', float('nan')):.0f} MB per CPU-s [{wall:.0f} s wall]",
+            f"{row.get('mb_per_cpu_s', float('nan')):.0f} MB per CPU-s, "
+            f"{row.get('job_mb_per_cpu_s', float('nan')):.0f} per job CPU-s [{wall:.0f} s wall]",
             flush=True,
         )
         return row
 
 
-def _cpu_per_iter(cpu: MachineCpuSampler, out_dir: Path, iters: int) -> Optional[float]:
+def _charge(job_cpu: JobCpuSampler, pids: Sequence[int]) -> None:
+    """Puts the job's processes, and any child they started already, in its cgroup (the
+    children they start later are born there)."""
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        try:
+            job_cpu.add(pid)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # it ended already
+            continue
+
+
+def _cpu_per_iter(
+    cpu: Union[MachineCpuSampler, JobCpuSampler], out_dir: Path, iters: int
+) -> Optional[float]:
     """Machine CPU seconds per timed iteration: each timed iteration spans from the first
     worker's start to the last worker's end (workers report wall-clock spans)."""
     spans = [r.get("spans") for r in rc.read_results(out_dir).values()]
@@ -402,7 +429,7 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
     print()
     print(
         f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
-        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s} {'MB/CPU-s':>8s}  status"
+        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s} {'MB/CPU-s':>8s} {'job':>5s}  status"
     )
     for r in rows:
         if "time_s" in r:
@@ -410,12 +437,13 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} "
                 f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
                 f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}% "
-                f"{r.get('mb_per_cpu_s', float('nan')):8.0f}  {r['status']} {r['note']}"
+                f"{r.get('mb_per_cpu_s', float('nan')):8.0f} "
+                f"{r.get('job_mb_per_cpu_s', float('nan')):5.0f}  {r['status']} {r['note']}"
             )
         else:
             print(
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
-                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s}  {r['status']}"
+                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s} {'-':>5s}  {r['status']}"
             )
 
 
@@ -488,7 +516,12 @@ def orchestrate(args: argparse.Namespace) -> int:
                             )
                             if "time_s" in base:
                                 r.update(time_min_s=base["time_min_s"], iters=base["iters"])
-                                for col in ("cpu_s_per_iter", "mb_per_cpu_s"):
+                                for col in (
+                                    "cpu_s_per_iter",
+                                    "mb_per_cpu_s",
+                                    "job_cpu_s_per_iter",
+                                    "job_mb_per_cpu_s",
+                                ):
                                     if col in base:
                                         r[col] = base[col]
                             rows.append(r)

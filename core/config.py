@@ -89,6 +89,13 @@ NETWORK_PARTITION_BYTES = 128 * KiB
 # parts keep the stages overlapped. 2 racks x 4 hosts at 50 Mbit/s: 256 KiB parts reached
 # 0.87 of the bound, 128 KiB 0.92, 64 KiB 0.94, 32 KiB 0.96 (docs/performance.md §20).
 RACK_PARTITION_BYTES = 64 * KiB
+# Across a network the credit (unwritten bytes per server handed to the transport) is at
+# least this (4 of the default parts): the push thread then wakes once per half a credit
+# written and hands the transport several parts at once, instead of one futex wake-up and
+# two context switches per part. ResNet-50's gradient set on the rack: 5-15% more megabytes
+# per CPU-second of the job at the same time; training cells the same within the
+# run-to-run spread (docs/results/comm-cpu-2026-11-30.md).
+NETWORK_CREDIT_BYTES = 512 * KiB
 DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next part, per server
 # A nudge moves a part ahead only once it has waited this long in the worker's queue (0: at
 # once). The simulator (ResNet-50, 30% jitter) favoured 10 ms at the balanced point (0.926 of
@@ -937,14 +944,17 @@ class Config:
 
         Set values win; otherwise LOCAL_PARTITION_BYTES when all are on one host,
         RACK_PARTITION_BYTES under the rack hierarchy (``racks``), else
-        NETWORK_PARTITION_BYTES. The credit defaults to the partition size. Every worker
-        sees the same membership, so every worker cuts tensors the same way.
+        NETWORK_PARTITION_BYTES. The credit defaults to the partition size, raised to
+        NETWORK_CREDIT_BYTES across a network without the rack hierarchy. Every worker sees
+        the same membership, so every worker cuts tensors the same way.
         """
-        auto = LOCAL_PARTITION_BYTES if len(set(hostnames)) <= 1 else NETWORK_PARTITION_BYTES
-        if racks and len(set(hostnames)) > 1:
+        network = len(set(hostnames)) > 1
+        auto = NETWORK_PARTITION_BYTES if network else LOCAL_PARTITION_BYTES
+        if racks and network:
             auto = RACK_PARTITION_BYTES
         partition = self.partition_bytes or auto
-        return partition, self.credit_bytes or partition
+        credit = max(partition, NETWORK_CREDIT_BYTES) if network and not racks else partition
+        return partition, self.credit_bytes or credit
 
     def require_scheduler_addr(self) -> Tuple[str, int]:
         """The scheduler address, or a clear error when ``FASTPS_SCHEDULER_ADDR`` is unset."""

@@ -18,7 +18,7 @@ def test_config_defaults() -> None:
     assert (cfg.num_workers, cfg.num_servers, cfg.rank) == (1, 1, 0)
     assert cfg.partition_bytes is None and cfg.credit_bytes is None
     assert cfg.part_sizes(["a", "a"]) == (1 << 20, 1 << 20)
-    assert cfg.part_sizes(["a", "b"]) == (128 << 10, 128 << 10)
+    assert cfg.part_sizes(["a", "b"]) == (128 << 10, 512 << 10)  # credit: 4 parts
     # The rack hierarchy's parts cross twice as many store-and-forward hops: smaller.
     assert cfg.part_sizes(["a", "b"], racks=True) == (64 << 10, 64 << 10)
     assert cfg.part_sizes(["a"], racks=True) == (1 << 20, 1 << 20)
