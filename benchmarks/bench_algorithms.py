@@ -12,7 +12,10 @@ r), with the same batch size per worker and the same number of epochs:
   ``fastps:fp16`` and ``fastps:onebit:ef`` (the core's codecs, with Adam: onebit with error
   feedback is expected not to train), ``fastps:onebit-adam`` (``OneBitAdam``, warm-up
   ``--freeze-frac`` of the run's steps), ``fastps:local:H`` and ``fastps:diloco:H``
-  (``LocalSGD``/``DiLoCo``, the outer step on the servers);
+  (``LocalSGD``/``DiLoCo``, the outer step on the servers), ``fastps:local-fp16:H`` and
+  ``fastps:diloco-fp16:H`` (the same with ``compression=fastps.Compression.fp16``: fp16
+  deltas, the parameters answered uncompressed; ``-onebit-ef`` likewise for onebit with
+  error feedback);
 - peers, torch.distributed over Gloo: ``ddp:none`` (DistributedDataParallel),
   ``ddp:fp16`` (``fp16_compress_hook``), ``ddp:powersgd:R`` (``powerSGD_hook``, rank R, error
   feedback and warm start, compressing from ``--powersgd-frac`` of the run's steps; buckets in
@@ -134,7 +137,7 @@ class Method:
     system: str
     kind: str
     param: int = 0
-    spec: str = ""  # fastps: the core codec's spec
+    spec: str = ""  # fastps: the core codec's spec (local/diloco: the deltas')
 
     @property
     def local(self) -> bool:
@@ -145,15 +148,23 @@ class Method:
         """The optimizer(s), in words, for the tables."""
         if self.kind == "onebit-adam":
             return "OneBitAdam"
+        deltas = f", {self.spec} deltas" if self.local and self.spec else ""
         if self.kind in ("local", "postlocal"):
-            return f"Adam inner, averaging every {self.param} steps"
+            return f"Adam inner, averaging every {self.param} steps{deltas}"
         if self.kind == "diloco":
-            return f"Adam inner, SGD-Nesterov outer (lr 0.7, m 0.9) every {self.param} steps"
+            return (
+                f"Adam inner, SGD-Nesterov outer (lr 0.7, m 0.9) every {self.param} steps{deltas}"
+            )
         return "Adam"
 
 
+# fastps:local-<codec>:H and fastps:diloco-<codec>:H: the deltas' core codec spec.
+DELTA_CODECS = {"fp16": "fp16", "onebit-ef": "onebit:ef"}
+
+
 def parse_method(name: str) -> Method:
-    """``fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H``,
+    """``fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H|local-fp16:H|
+    diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H``,
     ``ddp:none|fp16|powersgd:R|postlocal:H``, ``torchft:diloco:H``."""
     system, _, rest = name.partition(":")
     kind, _, tail = rest.partition(":")
@@ -170,6 +181,9 @@ def parse_method(name: str) -> Method:
             return Method(name, system, rest)
         if kind in ("local", "diloco"):
             return Method(name, system, kind, positive(tail, "H"))
+        base, _, codec = kind.partition("-")
+        if base in ("local", "diloco") and codec in DELTA_CODECS:
+            return Method(name, system, base, positive(tail, "H"), spec=DELTA_CODECS[codec])
     elif system == "ddp":
         if rest in ("none", "fp16"):
             return Method(name, system, rest)
@@ -180,7 +194,8 @@ def parse_method(name: str) -> Method:
     elif system == "torchft" and kind == "diloco":
         return Method(name, system, kind, positive(tail, "H"))
     raise ValueError(
-        f"unknown method {name!r} (fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H, "
+        f"unknown method {name!r} (fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H|"
+        "local-fp16:H|diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H, "
         "ddp:none|fp16|powersgd:R|postlocal:H, torchft:diloco:H)"
     )
 
@@ -255,10 +270,10 @@ class FastpsComm(Comm):
             opt = torch.optim.Adam(model.parameters(), lr=lr)
         if m.kind in ("fp16", "onebit"):
             kwargs["compression"] = fastps.Compression.from_spec(m.spec)
-        elif m.kind == "local":
-            self.algorithm = kwargs["algorithm"] = LocalSGD(H=m.param)
-        elif m.kind == "diloco":
-            self.algorithm = kwargs["algorithm"] = DiLoCo(H=m.param)
+        elif m.kind in ("local", "diloco"):
+            deltas = fastps.Compression.from_spec(m.spec) if m.spec else None
+            algo = LocalSGD if m.kind == "local" else DiLoCo
+            self.algorithm = kwargs["algorithm"] = algo(H=m.param, compression=deltas)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt

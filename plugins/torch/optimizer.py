@@ -53,7 +53,7 @@ from fastps.torch.async_optimizer import async_requested, make_async_optimizer
 from fastps.torch.compression import Compression, is_core
 from fastps.torch.cross_barrier import CrossBarrier, choose, enabled, explicit, quiet
 from fastps.torch.functions import check_same_tensors
-from fastps.torch.heap import freeze_once
+from fastps.torch.heap import collect_early, freeze_once
 from fastps.torch.ops import (
     Adasum,
     Average,
@@ -1174,6 +1174,8 @@ def DistributedOptimizer(
     if algo is not None:
         _attach(sync, algo, wrapped)
     weakref.finalize(wrapped, sync.close)
+    if sync.active:
+        collect_early()  # the freeze at the first step is then cheap (heap.py)
     return wrapped
 
 
