@@ -85,7 +85,15 @@ if __name__ != "__main__":
     _runs: Dict[str, Tuple[float, int]] = {}
 
     def run(env: Dict[str, str], codec: str) -> Tuple[float, int]:
-        """(test accuracy, bytes rank 0 sent while training), once per codec."""
+        """(test accuracy, bytes rank 0 sent while training), once per codec. Uncompressed
+        DiLoCo(H=4) is test_local_sgd.py's run of it (the same training, step for step: it
+        ended with the same parameters' digest and the same bytes as ``train none`` here,
+        2026-11-30), made once for both files."""
+        if codec == "none":
+            import test_local_sgd
+
+            assert test_local_sgd.EPOCHS == EPOCHS, "the two files' runs must stay the same"
+            return test_local_sgd.run(env, "diloco", H)
         if codec in _runs:
             return _runs[codec]
         run_env = dict(env, FASTPS_SHM="0", FASTPS_OP_TIMEOUT="60")

