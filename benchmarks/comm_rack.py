@@ -443,7 +443,8 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
         else:
             print(
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
-                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s} {'-':>5s}  {r['status']}"
+                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s} {'-':>5s}  "
+                f"{r['status']}"
             )
 
 
