@@ -16,10 +16,11 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -75,13 +76,67 @@ def _wheel_layout_first(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PYTHONPATH", _first(_BASE, os.environ.get("PYTHONPATH", "")))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "shared_check(group, name): the test asserts on check NAME of the shared job GROUP "
+        "(tfjobs.SHARED_GROUPS), which it takes through the shared_check fixture",
+    )
+
+
+# The first test of a group to run starts the group's job, which runs every check of the group
+# that a selected test asks for: its timeout is the job's, not one check's.
+SHARED_JOB_TIMEOUT_S = 900
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("shared_check") is not None:
+            item.add_marker(pytest.mark.timeout(SHARED_JOB_TIMEOUT_S))
     if TF_MISSING is None:
         return
     skip = pytest.mark.skip(reason=TF_MISSING)
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
+
+
+def _shared_mark(item: pytest.Item) -> Optional[Tuple[str, str]]:
+    mark = item.get_closest_marker("shared_check")
+    return None if mark is None else (str(mark.args[0]), str(mark.args[1]))
+
+
+@pytest.fixture(scope="session")
+def _shared_jobs(
+    request: pytest.FixtureRequest,
+) -> Callable[[str, str], subprocess.CompletedProcess]:
+    """(group, check) -> the check's share of its group's job, run once per session with the
+    checks of the group that the selected tests ask for, in the group's order."""
+    from tfjobs import SHARED_GROUPS, shared_job
+
+    done: Dict[str, Dict[str, subprocess.CompletedProcess]] = {}
+
+    def get(group: str, name: str) -> subprocess.CompletedProcess:
+        if group not in done:
+            wanted = {name} | {
+                m[1] for m in map(_shared_mark, request.session.items) if m and m[0] == group
+            }
+            checks = [c for c in SHARED_GROUPS[group] if c[0] in wanted]
+            done[group] = shared_job(checks)
+        return done[group][name]
+
+    return get
+
+
+@pytest.fixture
+def shared_check(
+    request: pytest.FixtureRequest, _shared_jobs: Callable[[str, str], subprocess.CompletedProcess]
+) -> subprocess.CompletedProcess:
+    """The output of the check this test's ``shared_check(group, name)`` mark names, from
+    its group's shared job (tfjobs.SHARED_GROUPS, workers/shared_checks.py)."""
+    mark = _shared_mark(request.node)
+    assert mark is not None, "the shared_check fixture needs a shared_check(group, name) mark"
+    return _shared_jobs(*mark)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

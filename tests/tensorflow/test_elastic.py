@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tfjobs import WORKERS, fastpsrun, tail
+from tfjobs import tail
 
 tf = pytest.importorskip("tensorflow")
 
@@ -179,13 +179,19 @@ def test_worker_joins_keras_fit(tmp_path, subprocess_env):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("keras", ["keras3", "keras2"])
-def test_state_sync_across_ranks(keras):
+@pytest.mark.parametrize(
+    "keras",
+    [
+        pytest.param(k, marks=pytest.mark.shared_check(k, "elastic-state"))
+        for k in ("keras3", "keras2")
+    ],
+)
+def test_state_sync_across_ranks(shared_check, keras):
     """TensorFlowState and KerasState (Keras 3, and Keras 2 models and optimizers) in a
     2-worker job: sync gives every rank rank 0's values, and a restore after the sync goes
     back to those, not to the rank's own from before (tests/tensorflow/workers/
     tf_elastic_state_worker.py)."""
-    p = fastpsrun(2, [str(WORKERS / "tf_elastic_state_worker.py"), keras])
+    p = shared_check  # workers/tf_elastic_state_worker.py KERAS, in a shared job (tfjobs.py)
     assert p.returncode == 0, tail(p)
     for r in range(2):
         assert f"rank {r} OK" in p.stdout, tail(p)

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List
 
 import pytest
-from tfjobs import ROOT, WORKERS, fastpsrun, job_env, tail
+from tfjobs import ROOT, job_env, tail
 from wheel_layout import files
 
 SAME_MODULES = """
@@ -126,8 +126,9 @@ def test_an_editable_install_serves_fastps_keras(tmp_path: Path) -> None:
     assert str(ROOT / "core" / "__init__.py") in out, out
 
 
-def test_fastps_keras_trains_a_model_in_a_job() -> None:
-    p = fastpsrun(2, [str(WORKERS / "keras_alias_worker.py")])
+@pytest.mark.shared_check("keras3", "alias")
+def test_fastps_keras_trains_a_model_in_a_job(shared_check) -> None:
+    p = shared_check  # workers/keras_alias_worker.py, in a shared job (tfjobs.py)
     assert p.returncode == 0, tail(p)
     for r in range(2):
         assert f"rank {r} OK" in p.stdout, tail(p)

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from tfjobs import WORKERS, fastpsrun, tail
+import pytest
+from tfjobs import tail
 
 
-def test_gradient_tape_with_core_compressors() -> None:
-    p = fastpsrun(2, [str(WORKERS / "tf_compression_worker.py")])
+@pytest.mark.shared_check("keras3", "compression")
+def test_gradient_tape_with_core_compressors(shared_check) -> None:
+    p = shared_check  # workers/tf_compression_worker.py, in a shared job (tfjobs.py)
     assert p.returncode == 0, tail(p)
     for r in range(2):
         assert f"rank {r} OK" in p.stdout, tail(p)

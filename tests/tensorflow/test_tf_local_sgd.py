@@ -20,7 +20,6 @@ import math
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,10 +155,11 @@ def worker() -> int:
 if __name__ != "__main__":
     import pytest
 
-    def test_two_workers_match_the_outer_step_reference() -> None:
-        from tfjobs import fastpsrun, tail
+    @pytest.mark.shared_check("keras3", "local-sgd")
+    def test_two_workers_match_the_outer_step_reference(shared_check: Any) -> None:
+        from tfjobs import tail
 
-        p = fastpsrun(2, [str(Path(__file__)), "worker"], timeout=240)
+        p = shared_check  # this file's worker(), in a shared job (tests/tensorflow/tfjobs.py)
         assert p.returncode == 0, tail(p)
         for what in ("LocalSGD(H=2", "DiLoCo(H=3", "fit outer=5", "refusals"):
             assert p.stdout.count(f"LOCALSGD OK {what}") == 2, (what, tail(p))

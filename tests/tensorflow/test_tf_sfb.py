@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 
-from tfjobs import WORKERS, fastpsrun, tail
+import pytest
+from tfjobs import tail
 
 
-def test_sfb_equals_dense_path() -> None:
-    p = fastpsrun(2, [str(WORKERS / "tf_sfb_worker.py")])
+@pytest.mark.shared_check("keras3", "sfb")
+def test_sfb_equals_dense_path(shared_check) -> None:
+    p = shared_check  # workers/tf_sfb_worker.py, in the shared job of tfjobs.SHARED_GROUPS
     assert p.returncode == 0, tail(p)
     for r in range(2):
         assert f"rank {r} OK" in p.stdout, tail(p)

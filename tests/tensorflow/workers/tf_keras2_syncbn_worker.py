@@ -22,6 +22,8 @@ import tf_keras  # noqa: E402
 mode = sys.argv[1]
 if mode == "graph":
     tf.compat.v1.disable_eager_execution()
+    # Also where eager ops ran before in this process (tests/tensorflow/tfjobs.py's shared job)
+    assert not tf.executing_eagerly(), "eager execution is still on"
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 assert issubclass(hvd.SyncBatchNormalization, tf_keras.layers.BatchNormalization)
