@@ -4,6 +4,7 @@ and paired as documented, and CPU inside wall-clock spans is interpolated from s
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -18,16 +19,20 @@ def test_cells_are_read_and_failed_rows_left_out(tmp_path: Path) -> None:
     out = tmp_path / "comm.csv"
     out.write_text(
         "# commit: abc\n"
-        "model,system,n,k,time_s,frac_bound,status\n"
-        "resnet50,fastps,4,0,1.30,0.98,ok\n"
-        "resnet50,fastps,4,4,,,failed: results from [0] of 4 workers\n"
-        "resnet50,fastps,4,2,1.05,0.97,ok\n"
+        "model,system,n,k,time_s,frac_bound,job_mb_per_cpu_s,status\n"
+        "resnet50,fastps,4,0,1.30,0.98,81.5,ok\n"
+        "resnet50,fastps,4,4,,,,failed: results from [0] of 4 workers\n"
+        "resnet50,fastps,4,2,1.05,0.97,,ok\n"
     )
-    cells = ab_rack.read_cells(out, ("model", "system", "n", "k"), "time_s", "frac_bound")
-    assert cells == {
-        ("resnet50", "fastps", "4", "0"): (1.30, 0.98),
-        ("resnet50", "fastps", "4", "2"): (1.05, 0.97),
-    }
+    keys = ("model", "system", "n", "k")
+    cells = ab_rack.read_cells(out, keys, "time_s", "frac_bound", "job_mb_per_cpu_s")
+    assert sorted(cells) == [("resnet50", "fastps", "4", "0"), ("resnet50", "fastps", "4", "2")]
+    assert cells[("resnet50", "fastps", "4", "0")] == (1.30, 0.98, 81.5)
+    time_s, frac, cpu = cells[("resnet50", "fastps", "4", "2")]
+    assert (time_s, frac) == (1.05, 0.97) and math.isnan(cpu)  # an empty CPU cell is unknown
+    # Without a CPU column asked for, every cell's CPU is unknown (older CSVs have none).
+    for _, _, cpu in ab_rack.read_cells(out, keys, "time_s", "frac_bound").values():
+        assert math.isnan(cpu)
 
 
 def test_bad_settings_are_named(capsys: pytest.CaptureFixture[str]) -> None:

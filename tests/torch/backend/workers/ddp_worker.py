@@ -91,7 +91,8 @@ def batches(rank: int) -> List[tuple]:
 
 class Recorder:
     """Wraps ``fastps.collectives.ops.allreduce_async`` (the fastps backend's allreduce) to
-    record each call's name, priority and size while ``on``."""
+    record each call's name, priority, size and the allreduces in flight before it while
+    ``on``."""
 
     def __init__(self) -> None:
         from fastps.collectives import ops
@@ -102,13 +103,28 @@ class Recorder:
         self.calls: List[Dict[str, Any]] = []
         self.steps: List[List[Dict[str, Any]]] = []
 
+        # How many earlier allreduces were in flight when the backend chose the priority
+        # (the backend restarts its count at 0 exactly when none were).
+        from fastps.torch.process_group import FastPSProcessGroup
+
+        self.group_cls = FastPSProcessGroup
+        self.orig_priority: Callable[..., int] = FastPSProcessGroup._allreduce_priority
+        self.busy = -1
+
+        def priority_of(group: Any) -> int:
+            self.busy = group._allreduces_in_flight
+            return self.orig_priority(group)
+
         def wrapped(a: Any, dtype: str, name: Optional[str] = None, *args: Any, **kw: Any) -> Any:
             if self.on:
                 priority = kw.get("priority", args[4] if len(args) > 4 else 0)
-                self.calls.append({"name": name, "priority": priority, "bytes": int(a.nbytes)})
+                self.calls.append(
+                    {"name": name, "priority": priority, "bytes": int(a.nbytes), "busy": self.busy}
+                )
             return self.orig(a, dtype, name, *args, **kw)
 
         ops.allreduce_async = wrapped
+        FastPSProcessGroup._allreduce_priority = priority_of  # type: ignore[method-assign]
 
     def end_step(self) -> None:
         if self.on:
@@ -117,6 +133,7 @@ class Recorder:
 
     def close(self) -> None:
         self.ops.allreduce_async = self.orig
+        self.group_cls._allreduce_priority = self.orig_priority  # type: ignore[method-assign]
 
 
 def device() -> torch.device:
