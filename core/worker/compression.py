@@ -18,11 +18,18 @@ compress one tensor differently fail naming both settings.
 from __future__ import annotations
 
 import fnmatch
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from fastps.errors import FastPSError
 
-__all__ = ["CoreCompressor", "Compression", "spec_for", "default_compressor", "canonical_spec"]
+__all__ = [
+    "CoreCompressor",
+    "Compression",
+    "spec_for",
+    "default_compressor",
+    "canonical_spec",
+    "is_core",
+]
 
 _FLOAT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
 
@@ -184,6 +191,12 @@ class Compression:
         """Per-layer choice: ``[(pattern, compressor or None), ...]``, first match wins,
         no match: uncompressed."""
         return _Select(rules)
+
+
+def is_core(compression: Any) -> bool:
+    """Whether ``compression`` is carried out by the core (a fastps.Compression choice)
+    rather than a compress/decompress pair a plugin runs."""
+    return isinstance(compression, CoreCompressor) or hasattr(compression, "spec_for")
 
 
 def default_compressor(cfg: object) -> Optional[CoreCompressor]:

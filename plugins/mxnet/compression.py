@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Tuple
 import mxnet as mx
 import numpy as np
 from fastps.worker.compression import Compression as _Core
-from fastps.worker.compression import CoreCompressor
+from fastps.worker.compression import is_core
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "is_core"]
 
@@ -78,9 +78,3 @@ class Compression:
     dithering = staticmethod(_Core.dithering)
     select = staticmethod(_Core.select)
     core_fp16 = _Core.fp16
-
-
-def is_core(compression: Any) -> bool:
-    """Whether ``compression`` is carried out by the core (a fastps.Compression choice)
-    rather than a compress/decompress pair run here."""
-    return isinstance(compression, CoreCompressor) or hasattr(compression, "spec_for")

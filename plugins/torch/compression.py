@@ -15,7 +15,7 @@ from typing import Any, Tuple
 
 import torch
 from fastps.worker.compression import Compression as _Core
-from fastps.worker.compression import CoreCompressor
+from fastps.worker.compression import is_core
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "is_core"]
 
@@ -86,9 +86,3 @@ class Compression:
     dithering = staticmethod(_Core.dithering)
     select = staticmethod(_Core.select)
     core_fp16 = _Core.fp16
-
-
-def is_core(compression: Any) -> bool:
-    """Whether ``compression`` is carried out by the core (a fastps.Compression choice)
-    rather than a compress/decompress pair run here."""
-    return isinstance(compression, CoreCompressor) or hasattr(compression, "spec_for")

@@ -22,6 +22,7 @@ from typing import Any, List, Optional
 import numpy as np
 from fastps.errors import FastPSError
 from fastps.mxnet.algorithms.base import Algorithm, Context, ServerRule, register_server_rule
+from fastps.worker import algorithm_args as _args
 from fastps.worker import api as _api
 from fastps.worker import outer_mode as _outer
 
@@ -30,15 +31,7 @@ __all__ = ["LocalSGD", "DiLoCo"]
 _HOST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 
-def _check_outer_rule(rule: ServerRule) -> None:
-    opts = dict(rule.options)
-    known = {"lr", "momentum", "nesterov"}
-    if set(opts) != known:
-        raise ValueError(f"server rule 'outer' takes options {sorted(known)}, got {sorted(opts)}")
-    _outer.check_outer_config(opts["lr"], opts["momentum"], opts["nesterov"], "server rule 'outer'")
-
-
-register_server_rule("outer", _check_outer_rule)
+register_server_rule("outer", _args.check_outer_rule)
 
 
 class _Slot:
@@ -78,25 +71,15 @@ class LocalSGD(Algorithm):
     def __init__(
         self, H: int, outer_lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False
     ) -> None:
-        who = type(self).__name__
-        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-            raise ValueError(
-                f"{who}: H (local steps per outer step) must be an integer >= 1, got {H!r}"
-            )
-        _outer.check_outer_config(outer_lr, momentum, nesterov, who)
+        self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
         self.H = H
-        self.config = _outer.OuterConfig(float(outer_lr), float(momentum), nesterov)
         self.local_steps = 0  # optimizer steps since the last outer step
         self.outer_steps = 0
         self._slots: List[_Slot] = []
         self._exchange: Optional[_outer.OuterExchange] = None
 
     def __repr__(self) -> str:
-        c = self.config
-        return (
-            f"{type(self).__name__}(H={self.H}, outer_lr={c.lr}, momentum={c.momentum}, "
-            f"nesterov={c.nesterov})"
-        )
+        return _args.local_sgd_repr(type(self).__name__, self.H, self.config, None)
 
     def server_rule(self) -> ServerRule:
         c = self.config

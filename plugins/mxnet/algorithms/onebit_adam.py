@@ -37,23 +37,14 @@ import mxnet as mx
 import numpy as np
 from fastps.errors import FastPSError
 from fastps.mxnet.algorithms.base import Algorithm, Context, Param
-from fastps.mxnet.compression import is_core
 from fastps.mxnet.ops import _HOST_DEVICES, _view, _wait_to_read, _wait_to_write, dtype_name
-from fastps.worker.compression import Compression as _CoreCompression
+from fastps.worker.algorithm_args import adam_pair, onebit_adam_args
 
 __all__ = ["OneBitAdam", "OneBitAdamAlgorithm", "SUPPORTED_DTYPES", "MOMENTUM_TAG"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 MOMENTUM_TAG = "onebit_adam.momentum"
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"OneBitAdam: {name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"OneBitAdam: {name} must be finite, got {value!r}")
-    return float(value)
 
 
 def _either(mx_name: str, mx_value: Any, torch_name: str, torch_value: Any, default: Any) -> Any:
@@ -98,47 +89,28 @@ class OneBitAdam(mx.optimizer.Optimizer):
         if betas is not None:
             if beta1 is not None or beta2 is not None:
                 raise TypeError("OneBitAdam: give beta1/beta2 or betas, not both")
-            if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-                raise ValueError(f"OneBitAdam: betas must be a pair, got {betas!r}")
             beta_names = ("betas[0]", "betas[1]")
-            beta_values = (betas[0], betas[1])
+            beta_values = adam_pair(betas)
         else:
             beta_names = ("beta1", "beta2")
             beta_values = (0.9 if beta1 is None else beta1, 0.999 if beta2 is None else beta2)
-        lr_value = _number(lr_name, lr_value)
-        eps_value = _number(eps_name, eps_value)
-        wd_value = _number(wd_name, wd_value)
-        if lr_value < 0:
-            raise ValueError(f"OneBitAdam: {lr_name} must be >= 0, got {lr_value}")
-        if eps_value <= 0:
-            # the frozen variance is zero where a coordinate never had a gradient
-            raise ValueError(f"OneBitAdam: {eps_name} must be > 0, got {eps_value}")
-        if wd_value < 0:
-            raise ValueError(f"OneBitAdam: {wd_name} must be >= 0, got {wd_value}")
-        b1, b2 = (_number(n, v) for n, v in zip(beta_names, beta_values))
-        for n, b in zip(beta_names, (b1, b2)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"OneBitAdam: {n} must be in [0, 1), got {b}")
-        if isinstance(freeze_step, bool) or not isinstance(freeze_step, int):
-            raise TypeError(f"OneBitAdam: freeze_step must be an int, got {freeze_step!r}")
-        if freeze_step < 1:
-            raise ValueError(
-                f"OneBitAdam: freeze_step (the warm-up) must be >= 1, got {freeze_step}: the "
-                "variance frozen after it is Adam's, which a warm-up of no steps never computed"
-            )
-        if compression is None:
-            compression = _CoreCompression.onebit(error_feedback=True)
-        elif not is_core(compression):
-            raise ValueError(
-                f"OneBitAdam: compression must be one of the core's compressors "
-                f"(fastps.Compression...), got {compression!r}"
-            )
+        args = onebit_adam_args(
+            [
+                (lr_name, lr_value, ">= 0"),
+                (eps_name, eps_value, "> 0"),
+                (wd_name, wd_value, ">= 0"),
+            ],
+            beta_values,
+            freeze_step,
+            compression,
+            beta_names=beta_names,
+        )
+        lr_value, eps_value, wd_value = args.rates
         super().__init__(learning_rate=lr_value, wd=wd_value, **kwargs)
-        self.beta1 = b1
-        self.beta2 = b2
+        self.beta1, self.beta2 = args.betas
         self.epsilon = eps_value
-        self.freeze_step = freeze_step
-        self.compression = compression
+        self.freeze_step = args.freeze_step
+        self.compression = args.compression
         self.precondition = bool(precondition)
         # Parameters (by index) whose momentum the algorithm exchanged for their next
         # update, and the buffers it exchanged (m / D): scratch, never saved.

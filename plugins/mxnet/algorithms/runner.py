@@ -16,6 +16,7 @@ from fastps.mxnet.algorithms.base import Algorithm, Context, Param, check_server
 from fastps.mxnet.compression import Compression, is_core
 from fastps.mxnet.ops import _HOST_DEVICES, _start
 from fastps.worker import api as _api
+from fastps.worker.algorithm_args import chosen_algorithm
 
 __all__ = ["Runner", "resolve"]
 
@@ -35,16 +36,11 @@ def resolve(algorithm: Any, compression: Any, optimizer: Any) -> Optional[Algori
     """The algorithm a ``DistributedTrainer`` runs, or None for its own averaging path.
     ``algorithm=None`` takes the optimizer's choice (``OneBitAdam`` names its algorithm
     with a ``fastps_algorithm()`` method)."""
+    algorithm = chosen_algorithm(
+        algorithm, optimizer, Algorithm, "DistributedTrainer", "fastps.mxnet.algorithms.Algorithm"
+    )
     if algorithm is None:
-        chooser = getattr(optimizer, "fastps_algorithm", None)
-        if chooser is None:
-            return None
-        algorithm = chooser()
-    if not isinstance(algorithm, Algorithm):
-        raise TypeError(
-            "DistributedTrainer: algorithm must be a fastps.mxnet.algorithms.Algorithm, got "
-            f"{type(algorithm).__name__}"
-        )
+        return None
     if compression not in (None, Compression.none):
         raise ValueError(
             f"DistributedTrainer: compression={compression!r} applies to the built-in "

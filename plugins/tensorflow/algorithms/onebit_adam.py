@@ -42,7 +42,7 @@ from fastps.errors import FastPSError
 from fastps.tensorflow import _engine as E
 from fastps.tensorflow._reducer import GradientReducer
 from fastps.tensorflow.algorithms.base import Algorithm, Context
-from fastps.worker.compression import Compression as _CoreCompression
+from fastps.worker.algorithm_args import adam_rates, onebit_adam_args
 from fastps.worker.compression import CoreCompressor
 
 __all__ = ["OneBitAdam", "OneBitAdamAlgorithm", "SUPPORTED_DTYPES"]
@@ -62,18 +62,6 @@ _GRADIENT_OPTIONS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"OneBitAdam: {name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"OneBitAdam: {name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _is_core(compression: Any) -> bool:
-    return isinstance(compression, CoreCompressor) or hasattr(compression, "spec_for")
 
 
 def _const(value: float, dtype: Any) -> tf.Tensor:
@@ -119,38 +107,15 @@ class OneBitAdam(keras.optimizers.Optimizer):
             )
         rate = learning_rate if learning_rate is not None else (1e-3 if lr is None else lr)
         if not callable(rate):  # a number (a schedule is checked by Keras)
-            rate = _number("lr", rate)
-            if rate < 0:
-                raise ValueError(f"OneBitAdam: lr must be >= 0, got {rate}")
-        eps = _number("eps", eps)
-        weight_decay = _number("weight_decay", 0.0 if weight_decay is None else weight_decay)
-        if eps <= 0:
-            # the frozen variance is zero where a coordinate never had a gradient
-            raise ValueError(f"OneBitAdam: eps must be > 0, got {eps}")
-        if weight_decay < 0:
-            raise ValueError(f"OneBitAdam: weight_decay must be >= 0, got {weight_decay}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ValueError(f"OneBitAdam: betas must be a pair, got {betas!r}")
-        b1, b2 = _number("betas[0]", betas[0]), _number("betas[1]", betas[1])
-        for i, b in enumerate((b1, b2)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"OneBitAdam: betas[{i}] must be in [0, 1), got {b}")
-        if isinstance(freeze_step, bool) or not isinstance(freeze_step, int):
-            raise TypeError(f"OneBitAdam: freeze_step must be an int, got {freeze_step!r}")
-        if freeze_step < 1:
-            raise ValueError(
-                f"OneBitAdam: freeze_step (the warm-up) must be >= 1, got {freeze_step}: the "
-                "variance frozen after it is Adam's, which a warm-up of no steps never computed"
-            )
-        if isinstance(compression, str):
-            compression = _CoreCompression.from_spec(compression)
-        if compression is None:
-            compression = _CoreCompression.onebit(error_feedback=True)
-        elif not _is_core(compression):
-            raise ValueError(
-                f"OneBitAdam: compression must be one of the core's compressors "
-                f"(fastps.Compression...), got {compression!r}"
-            )
+            rate = adam_rates(("lr", rate, ">= 0"))[0]
+        wd = 0.0 if weight_decay is None else weight_decay
+        args = onebit_adam_args(
+            [("eps", eps, "> 0"), ("weight_decay", wd, ">= 0")],
+            betas,
+            freeze_step,
+            compression,
+            spec=True,  # a spec string too: what get_config saves
+        )
         for key in _GRADIENT_OPTIONS:
             if kwargs.get(key) is not None:
                 raise ValueError(
@@ -160,12 +125,10 @@ class OneBitAdam(keras.optimizers.Optimizer):
         super().__init__(learning_rate=rate, name=name, **kwargs)
         # L2 added to the gradient (torch.optim.Adam's weight_decay), not Keras's decoupled
         # decay: _apply_weight_decay below does nothing.
-        self.weight_decay = weight_decay
-        self.beta_1 = b1
-        self.beta_2 = b2
-        self.eps = eps
-        self.freeze_step = freeze_step
-        self.compression = compression
+        self.eps, self.weight_decay = args.rates
+        self.beta_1, self.beta_2 = args.betas
+        self.freeze_step = args.freeze_step
+        self.compression = args.compression
         self.precondition = bool(precondition)
 
     @property

@@ -15,6 +15,7 @@ from fastps.tensorflow import _engine as E
 from fastps.tensorflow.algorithms.base import Algorithm, Context
 from fastps.tensorflow.algorithms.gradient_averaging import GradientAveraging
 from fastps.tensorflow.compression import Compression
+from fastps.worker.algorithm_args import chosen_algorithm
 
 __all__ = ["Runner", "resolve"]
 
@@ -24,16 +25,15 @@ def resolve(algorithm: Any, compression: Any, optimizer: Any) -> Tuple[Any, Opti
     means the built-in averaging path. ``algorithm=None`` takes the optimizer's own choice
     (an optimizer that needs one, like ``OneBitAdam``, names it with a
     ``fastps_algorithm()`` method), else plain averaging."""
+    algorithm = chosen_algorithm(
+        algorithm,
+        optimizer,
+        Algorithm,
+        "DistributedOptimizer",
+        "fastps.tensorflow.algorithms.Algorithm",
+    )
     if algorithm is None:
-        chooser = getattr(optimizer, "fastps_algorithm", None)
-        if chooser is None:
-            return compression, None
-        algorithm = chooser()
-    if not isinstance(algorithm, Algorithm):
-        raise TypeError(
-            "DistributedOptimizer: algorithm must be a fastps.tensorflow.algorithms.Algorithm, "
-            f"got {type(algorithm).__name__}"
-        )
+        return compression, None
     unset = (None, Compression.none)
     if type(algorithm) is GradientAveraging:
         mine = algorithm.compression

@@ -53,10 +53,10 @@ docs/guide/algorithms.md.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+from fastps.worker.algorithm_args import SUM, ServerRule, ServerRules
 
 __all__ = [
     "Algorithm",
@@ -68,57 +68,20 @@ __all__ = [
     "check_server_rule",
 ]
 
-
-@dataclass(frozen=True)
-class ServerRule:
-    """What the summation servers do with an algorithm's pushes.
-
-    ``kind``: ``"sum"`` (the core's only rule today: the servers sum every worker's push,
-    decoding and re-encoding compressed ones) or a kind registered with
-    :func:`register_server_rule`. ``options``: the rule's settings (e.g. an outer
-    learning rate), checked by the registered checker."""
-
-    kind: str = "sum"
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-SUM = ServerRule("sum")
-
-# kind -> checker(rule) that raises when the rule's options are not valid or the core
-# cannot carry it out.
-_SERVER_RULES: Dict[str, Callable[[ServerRule], None]] = {}
-
-
-def _check_sum(rule: ServerRule) -> None:
-    if rule.options:
-        raise ValueError(f"server rule 'sum' takes no options, got {dict(rule.options)}")
-
-
-_SERVER_RULES["sum"] = _check_sum
+# kind -> checker(rule), this plugin's own (what the MXNet plugin registers is not
+# accepted here); ServerRule and the checks are the core's (fastps.worker.algorithm_args).
+_RULES = ServerRules()
 
 
 def register_server_rule(kind: str, check: Callable[[ServerRule], None]) -> None:
     """Makes ``kind`` a server rule the ``DistributedOptimizer`` accepts; ``check(rule)``
     raises when a rule of this kind cannot be used (bad options, a core without it)."""
-    if not kind or not isinstance(kind, str):
-        raise ValueError(f"a server rule kind is a non-empty string, got {kind!r}")
-    _SERVER_RULES[kind] = check
+    _RULES.register(kind, check)
 
 
 def check_server_rule(rule: ServerRule, algorithm: str) -> None:
     """Raises unless ``rule`` is registered and its checker accepts it."""
-    if not isinstance(rule, ServerRule):
-        raise TypeError(
-            f"algorithm {algorithm}: server_rule() must return a ServerRule, got "
-            f"{type(rule).__name__}"
-        )
-    check = _SERVER_RULES.get(rule.kind)
-    if check is None:
-        raise ValueError(
-            f"algorithm {algorithm}: server rule '{rule.kind}' is not available (known: "
-            f"{', '.join(sorted(_SERVER_RULES))})"
-        )
-    check(rule)
+    _RULES.check(rule, algorithm)
 
 
 class Param:

@@ -33,25 +33,16 @@ import torch
 from fastps.errors import FastPSError
 from fastps.torch.algorithms.base import Algorithm, Context, ServerRule, register_server_rule
 from fastps.torch.compression import Compression as _TorchCompression
-from fastps.torch.compression import is_core
+from fastps.worker import algorithm_args as _args
 from fastps.worker import api as _api
 from fastps.worker import outer_mode as _outer
-from fastps.worker.compression import Compression as _CoreCompression
 
 __all__ = ["LocalSGD", "DiLoCo"]
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
-def _check_outer_rule(rule: ServerRule) -> None:
-    opts = dict(rule.options)
-    known = {"lr", "momentum", "nesterov"}
-    if set(opts) != known:
-        raise ValueError(f"server rule 'outer' takes options {sorted(known)}, got {sorted(opts)}")
-    _outer.check_outer_config(opts["lr"], opts["momentum"], opts["nesterov"], "server rule 'outer'")
-
-
-register_server_rule("outer", _check_outer_rule)
+register_server_rule("outer", _args.check_outer_rule)
 
 
 class _Slot:
@@ -98,14 +89,8 @@ class LocalSGD(Algorithm):
         nesterov: bool = False,
         compression: Any = None,
     ) -> None:
-        who = type(self).__name__
-        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-            raise ValueError(
-                f"{who}: H (local steps per outer step) must be an integer >= 1, got {H!r}"
-            )
-        _outer.check_outer_config(outer_lr, momentum, nesterov, who)
+        self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
         self.H = H
-        self.config = _outer.OuterConfig(float(outer_lr), float(momentum), nesterov)
         self.compression: Any = None
         if compression is not None:
             self.adopt_compression(compression)
@@ -115,32 +100,18 @@ class LocalSGD(Algorithm):
         self._exchange: Optional[_outer.OuterExchange] = None
 
     def __repr__(self) -> str:
-        c = self.config
-        extra = f", compression={self.compression!r}" if self.compression is not None else ""
-        return (
-            f"{type(self).__name__}(H={self.H}, outer_lr={c.lr}, momentum={c.momentum}, "
-            f"nesterov={c.nesterov}{extra})"
-        )
+        return _args.local_sgd_repr(type(self).__name__, self.H, self.config, self.compression)
 
     def adopt_compression(self, compression: Any) -> None:
         """Takes ``DistributedOptimizer(..., compression=c)`` for the deltas (before
         setup); refuses a non-core compressor, or a second one naming both."""
-        who = type(self).__name__
-        if getattr(self, "_exchange", None) is not None:
-            raise FastPSError(f"{who}: compression is chosen before the DistributedOptimizer")
-        if compression is _TorchCompression.fp16:  # Horovod's spelling: the core's fp16
-            compression = _CoreCompression.fp16
-        if not is_core(compression):
-            raise ValueError(
-                f"{who}: compression must be one of the core's compressors "
-                f"(fastps.Compression...), got {compression!r}"
-            )
-        if self.compression is not None and self.compression != compression:
-            raise ValueError(
-                f"{who}: compression={compression!r} and the algorithm's own "
-                f"compression={self.compression!r} name two compressors; give one"
-            )
-        self.compression = compression
+        self.compression = _args.delta_compression(
+            type(self).__name__,
+            compression,
+            self.compression,
+            chosen=getattr(self, "_exchange", None) is not None,
+            fp16=_TorchCompression.fp16,  # Horovod's spelling: the core's fp16
+        )
 
     def server_rule(self) -> ServerRule:
         c = self.config

@@ -44,8 +44,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 import torch
 from fastps.errors import FastPSError
 from fastps.torch.algorithms.base import Algorithm, Param
-from fastps.torch.compression import is_core
-from fastps.worker.compression import Compression as _CoreCompression
+from fastps.worker.algorithm_args import onebit_adam_args
 
 __all__ = ["OneBitAdam", "OneBitAdamAlgorithm", "SUPPORTED_DTYPES"]
 
@@ -54,14 +53,6 @@ __all__ = ["OneBitAdam", "OneBitAdamAlgorithm", "SUPPORTED_DTYPES"]
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 MOMENTUM_TAG = "onebit_adam.momentum"
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"OneBitAdam: {name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"OneBitAdam: {name} must be finite, got {value!r}")
-    return float(value)
 
 
 class OneBitAdam(torch.optim.Optimizer):
@@ -85,37 +76,14 @@ class OneBitAdam(torch.optim.Optimizer):
         compression: Any = None,
         precondition: bool = True,
     ) -> None:
-        lr = _number("lr", lr)
-        eps = _number("eps", eps)
-        weight_decay = _number("weight_decay", weight_decay)
-        if lr < 0:
-            raise ValueError(f"OneBitAdam: lr must be >= 0, got {lr}")
-        if eps <= 0:
-            # the frozen variance is zero where a coordinate never had a gradient
-            raise ValueError(f"OneBitAdam: eps must be > 0, got {eps}")
-        if weight_decay < 0:
-            raise ValueError(f"OneBitAdam: weight_decay must be >= 0, got {weight_decay}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ValueError(f"OneBitAdam: betas must be a pair, got {betas!r}")
-        b1, b2 = _number("betas[0]", betas[0]), _number("betas[1]", betas[1])
-        for i, b in enumerate((b1, b2)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"OneBitAdam: betas[{i}] must be in [0, 1), got {b}")
-        if isinstance(freeze_step, bool) or not isinstance(freeze_step, int):
-            raise TypeError(f"OneBitAdam: freeze_step must be an int, got {freeze_step!r}")
-        if freeze_step < 1:
-            raise ValueError(
-                f"OneBitAdam: freeze_step (the warm-up) must be >= 1, got {freeze_step}: the "
-                "variance frozen after it is Adam's, which a warm-up of no steps never computed"
-            )
-        if compression is None:
-            compression = _CoreCompression.onebit(error_feedback=True)
-        elif not is_core(compression):
-            raise ValueError(
-                f"OneBitAdam: compression must be one of the core's compressors "
-                f"(fastps.Compression...), got {compression!r}"
-            )
-        defaults = dict(lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay)
+        args = onebit_adam_args(
+            [("lr", lr, ">= 0"), ("eps", eps, "> 0"), ("weight_decay", weight_decay, ">= 0")],
+            betas,
+            freeze_step,
+            compression,
+        )
+        lr, eps, weight_decay = args.rates
+        defaults = dict(lr=lr, betas=args.betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         for gi, group in enumerate(self.param_groups):
             for pi, p in enumerate(group["params"]):
@@ -125,8 +93,8 @@ class OneBitAdam(torch.optim.Optimizer):
                         f"({str(p.dtype).replace('torch.', '')}{list(p.shape)}) has dtype "
                         f"{p.dtype}; supported: float32, float64"
                     )
-        self.freeze_step = freeze_step
-        self.compression = compression
+        self.freeze_step = args.freeze_step
+        self.compression = args.compression
         self.precondition = bool(precondition)
         # Parameters whose momentum the algorithm has exchanged this round (by id):
         # their step uses the averaged momentum as it is.

@@ -19,6 +19,7 @@ from fastps.torch.algorithms.base import Algorithm, Context, Param, check_server
 from fastps.torch.algorithms.gradient_averaging import GradientAveraging
 from fastps.torch.compression import Compression
 from fastps.torch.ops import Average, Sum, _allreduce_op, _allreduce_start, global_process_set
+from fastps.worker.algorithm_args import chosen_algorithm
 
 __all__ = ["Runner", "resolve"]
 
@@ -30,16 +31,11 @@ def resolve(
     means the built-in averaging path. ``algorithm=None`` takes the optimizer's own choice
     (an optimizer that needs one, like ``OneBitAdam``, names it with a
     ``fastps_algorithm()`` method), else plain averaging."""
+    algorithm = chosen_algorithm(
+        algorithm, optimizer, Algorithm, "DistributedOptimizer", "fastps.torch.algorithms.Algorithm"
+    )
     if algorithm is None:
-        chooser = getattr(optimizer, "fastps_algorithm", None)
-        if chooser is None:
-            return compression, None
-        algorithm = chooser()
-    if not isinstance(algorithm, Algorithm):
-        raise TypeError(
-            "DistributedOptimizer: algorithm must be a fastps.torch.algorithms.Algorithm, got "
-            f"{type(algorithm).__name__}"
-        )
+        return compression, None
     if type(algorithm) is GradientAveraging:
         mine = algorithm.compression
         if mine is not None and compression not in (None, Compression.none, mine):
