@@ -496,7 +496,8 @@ def cross_barrier(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
 
 
 def gc_freeze(env: Optional[Mapping[str, str]] = None) -> bool:
-    """FASTPS_GC_FREEZE: freeze the heap after the first torch step (default on)."""
+    """FASTPS_GC_FREEZE: freeze the heap after the first torch step and at a worker's exit
+    (default on)."""
     return _read(env).switch("FASTPS_GC_FREEZE", True)
 
 

@@ -33,6 +33,7 @@ from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError, WorkerLo
 from fastps.timeline import recorder as timeline_recorder
 from fastps.worker import compression as _compression
 from fastps.worker.buffers import RawBuffer, raw_buffer
+from fastps.worker.exit_heap import freeze_heap_at_exit
 from fastps.worker.stall import StallInspector, SubmissionCounts
 from fastps.worker.waitable import Waitable
 
@@ -226,6 +227,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
         if cfg.timeline:
             start_timeline(cfg.timeline)
         atexit.register(shutdown)
+        freeze_heap_at_exit()
         _install_excepthook()
 
 
