@@ -81,6 +81,10 @@ def quorum_worker() -> None:
     v = start_value(SMALL, np.float32) if rank == 0 else np.zeros(SMALL, np.float32)
     dilo.init([("w", w)])
     avg.init([("v", v)])
+    # Every init answered before any delta: under a quorum, round 0 may close with two
+    # deltas before a slow worker's init is in, and that worker then starts at round 1
+    # (its init is answered with the parameters after round 0), not at this loop's round 0.
+    fastps.barrier()
     ref_w = Reference(start_value(ELEMS, np.float64), LR, MOMENTUM)
     ref_v = Reference(start_value(SMALL, np.float32), 1.0, 0.0)
     # Who sleeps before pushing, and whose deltas the servers count, per round.
