@@ -2,9 +2,9 @@
 
 When Python exits it runs full garbage collections while it tears its modules down; each
 walks every tracked object of the process. After ``import torch`` (or TensorFlow) that is
-hundreds of thousands of objects, and a worker spent 0.6-1.8 s in it after its last line
-(measured on 2 loaded cores: a 2-worker job's end went from 1.2-1.8 s after the workers'
-``shutdown()`` to 0.3-0.6 s with the heap frozen first). So a worker freezes its heap
+hundreds of thousands of objects: a 2-worker torch job ended 0.79 s after its workers' last
+line, 0.29 s with the heap frozen first (at rest; 1.3-1.6 s against 0.4 s on loaded cores;
+``python -m benchmarks.bench_job_exit``). So a worker freezes its heap
 (:func:`gc.freeze`) in an ``atexit`` handler: the exit-time collections then walk only what
 was created after it.
 
