@@ -108,6 +108,13 @@ DEFAULT_NUDGE_MIN_WAIT = 0.0
 # (docs/performance.md, "Tensor fusion"). 0: off.
 DEFAULT_FUSION_THRESHOLD = 256 * KiB
 DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connection
+# Pacing splits a host's link as if all its flows sent at once, which holds while a worker
+# has a large backlog (a whole gradient set in flight). A short burst (one small bucket)
+# runs alone in its phase: its pushes, then the servers' answers. Paced at their share, each
+# phase used half the link (digits and the CIFAR-like task at 100 Mbit/s: 1.3-1.4x slower
+# steps than unpaced). Below this many bytes still to send, a worker's pushes go at the host
+# link's rate instead (docs/results/pacing-burst-2026-11-30.md). 0: always paced.
+DEFAULT_PACING_BURST_BYTES = 1 * MiB
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 MAX_PARTITION_BYTES = 256 * MiB  # kMaxPartBytes in csrc/transport/wire.h: larger frames are refused
 DEFAULT_CONNS_PER_SERVER = 1
@@ -711,6 +718,9 @@ class Config:
     compression: str = ""
     compression_min_bytes: int = 0
     notsent_lowat: int = DEFAULT_NOTSENT_LOWAT
+    # FASTPS_PACING_BURST_BYTES: below this backlog a worker's pushes are paced at its
+    # host's link rate rather than at their share of it (0: always at the share).
+    pacing_burst_bytes: int = DEFAULT_PACING_BURST_BYTES
     # Every host's link rate in Mbit/s (FASTPS_LINK_MBIT); > 0 paces each flow at its
     # share of it (placement.pacing_plan), 0 leaves flows unpaced, None ("auto", the
     # default): each process reads its own host's rate (core/control/linkspeed.py).
@@ -895,6 +905,7 @@ class Config:
             compression=(e.raw("FASTPS_COMPRESSION") or "").strip(),
             compression_min_bytes=e.size0("FASTPS_COMPRESSION_MIN_BYTES", 0),
             notsent_lowat=e.size0("FASTPS_NOTSENT_LOWAT", DEFAULT_NOTSENT_LOWAT),
+            pacing_burst_bytes=e.size0("FASTPS_PACING_BURST_BYTES", DEFAULT_PACING_BURST_BYTES),
             link_mbit=link_mbit(e.env),
             shm=shm,
             nudge=nudge,

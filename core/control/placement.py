@@ -187,6 +187,16 @@ def pacing_plan(
     return worker_rates, server_rates
 
 
+def host_link_bytes_per_s(hostname: str, link_mbit: float) -> float:
+    """The rate a host's link sends at, bytes/s: its FASTPS_HOST_BANDWIDTHS entry, else
+    ``link_mbit``; 0 when pacing is off (``link_mbit <= 0``). A worker's short bursts of
+    pushes run at this rate (config.DEFAULT_PACING_BURST_BYTES)."""
+    if link_mbit <= 0:
+        return 0.0
+    mbit = parse_bandwidths(config.host_bandwidths()).get(hostname, link_mbit)
+    return mbit * 1e6 / 8
+
+
 def stated_link_mbit() -> Optional[float]:
     """FASTPS_LINK_MBIT when it is a number (the same on every process, unlike ``auto``,
     which each process measures on its own interface), else None."""

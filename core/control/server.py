@@ -152,6 +152,13 @@ def run_server(
             mine = server_rates[ids.index(cfg.server_id)]
             srv.set_pacing([r / cfg.conns_per_server for r in mine])
             _set_rack_pacing(srv, cfg, membership, link)
+            # Under the rack hierarchy the caps guard the racks' uplinks: no bursts there.
+            if hasattr(srv, "set_pacing_burst") and (
+                placement.membership_rack_plan(membership, cfg.shm) is None
+            ):
+                srv.set_pacing_burst(
+                    cfg.pacing_burst_bytes, placement.host_link_bytes_per_s(cfg.hostname, link)
+                )
         rec = timeline_recorder.active()
         if rec is not None:
             rec.set_clock(client.clock_offset())
@@ -167,6 +174,8 @@ def run_server(
         log.error("%s: %s", me, exc)
         code = 1
     finally:
+        if hasattr(srv, "pacing_switches"):
+            log.debug("%s: its answers' pacing switched %d times", me, srv.pacing_switches())
         try:
             srv.stop()
         except Exception:

@@ -129,6 +129,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
         local_servers: List[bool] = []
         num_hosts = 0
         pacing: List[float] = []
+        burst_rate = 0.0
         rack_plan: Optional[placement.RackPlan] = None
         hosts: List[str] = [cfg.hostname]
         link = 0.0
@@ -161,6 +162,9 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             log.debug("worker %d: link %.0f Mbit/s (%s)", cfg.rank, link, how)
             worker_rates, _ = placement.membership_pacing(membership, link, cfg.shm)
             pacing = worker_rates[cfg.rank]
+            # Under the rack hierarchy the caps guard the racks' uplinks: no bursts there.
+            if rack_plan is None:
+                burst_rate = placement.host_link_bytes_per_s(cfg.hostname, link)
             hosts = [w.hostname for w in membership.workers]
             hosts += [s.hostname for s in membership.servers]
         opts = worker_options(
@@ -169,6 +173,7 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             servers=servers,
             server_weights=weights,
             pacing_bytes_per_s=pacing,
+            pacing_burst_bytes_per_s=burst_rate,
             local_ranks=local_ranks,
             local_servers=local_servers,
             num_hosts=num_hosts,
@@ -276,6 +281,7 @@ def _rerouting_worker(
             servers=[s.addr for s in m.servers if s.addr],
             server_weights=placement.membership_weights(m),
             pacing_bytes_per_s=rates[cfg.rank],
+            pacing_burst_bytes_per_s=placement.host_link_bytes_per_s(cfg.hostname, link),
             local_ranks=[cfg.rank],
         )
         core = _core().Worker(opts)
@@ -306,6 +312,7 @@ def worker_options(
     servers: Sequence[str] = (),
     server_weights: Sequence[float] = (),
     pacing_bytes_per_s: Sequence[float] = (),
+    pacing_burst_bytes_per_s: float = 0.0,
     local_ranks: Sequence[int] = (),
     local_servers: Sequence[bool] = (),
     num_hosts: int = 0,
@@ -332,6 +339,8 @@ def worker_options(
     opts.servers = list(servers)
     opts.server_weights = [float(w) for w in server_weights]
     opts.pacing_bytes_per_s = [float(r) for r in pacing_bytes_per_s]
+    opts.pacing_burst_bytes = cfg.pacing_burst_bytes
+    opts.pacing_burst_bytes_per_s = float(pacing_burst_bytes_per_s)
     opts.local_ranks = list(local_ranks)
     opts.local_servers = list(local_servers)
     opts.num_hosts = num_hosts

@@ -83,6 +83,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("window_bytes", &WorkerOptions::window_bytes)
       .def_readwrite("nudge_min_wait_us", &WorkerOptions::nudge_min_wait_us)
       .def_readwrite("notsent_lowat", &WorkerOptions::notsent_lowat)
+      .def_readwrite("pacing_burst_bytes", &WorkerOptions::pacing_burst_bytes)
+      .def_readwrite("pacing_burst_bytes_per_s", &WorkerOptions::pacing_burst_bytes_per_s)
       .def_readwrite("conns_per_server", &WorkerOptions::conns_per_server)
       .def_readwrite("connect_timeout_s", &WorkerOptions::connect_timeout_s)
       .def_readwrite("num_hosts", &WorkerOptions::num_hosts)
@@ -366,6 +368,8 @@ PYBIND11_MODULE(_core, m) {
       .def("refused_connections", &Server::refused_connections)
       .def("rack_sums_awaiting_route", &Server::rack_sums_awaiting_route)
       .def("set_pacing", &Server::set_pacing, py::arg("per_rank_bytes_per_s"))
+      .def("set_pacing_burst", &Server::set_pacing_burst, py::arg("bytes"), py::arg("bytes_per_s"))
+      .def("pacing_switches", &Server::pacing_switches)
       .def("set_rack_pacing", &Server::set_rack_pacing, py::arg("answers_by_relay_id"),
            py::arg("up_by_owner"))
       .def("set_rack_route", &Server::set_rack_route, py::arg("owners"), py::arg("owner_ids"),
@@ -472,6 +476,7 @@ PYBIND11_MODULE(_core, m) {
              d["nudged"] = s.nudged.load();
              d["socket_bytes_sent"] = s.socket_bytes_sent.load();
              d["socket_bytes_received"] = s.socket_bytes_received.load();
+             d["pacing_switches"] = s.pacing_switches.load();
              return d;
            })
       .def("shutdown", &Worker::shutdown, py::call_guard<py::gil_scoped_release>());

@@ -183,7 +183,12 @@ void Server::admit(int fd, const Peer& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Pacing is per worker; a rack's relay carries that whole rack's sums at its own rate.
-    if (!pacing_.empty() || !relay_pacing_.empty()) set_pacing_rate(fd, pacing_of(peer));
+    if (!pacing_.empty() || !relay_pacing_.empty()) {
+      double cap = pacing_of(peer);
+      if (!relay && cap > 0 && burst_.load()) cap = std::max(cap, burst_rate_);
+      set_pacing_rate(fd, cap);
+    }
+    if (!relay) conn->count_unsent(&answers_unsent_);
     conns_.push_back(conn);
   }
   loops_[next_loop_++ % loops_.size()]->add(conn);
@@ -202,8 +207,38 @@ double Server::pacing_of(const Peer& peer) const {
 void Server::set_pacing(std::vector<double> per_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   pacing_ = std::move(per_rank);
-  for (auto& c : conns_)
-    if (!(c->peer().conn_index & kRelayConnBit)) c->set_pacing(pacing_of(c->peer()));
+  bool burst = burst_.load();
+  for (auto& c : conns_) {
+    if (c->peer().conn_index & kRelayConnBit) continue;
+    double cap = pacing_of(c->peer());
+    c->set_pacing(cap > 0 && burst ? std::max(cap, burst_rate_) : cap);
+  }
+}
+
+void Server::set_pacing_burst(size_t bytes, double bytes_per_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  burst_rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
+  burst_bytes_.store(burst_rate_ > 0 ? bytes : 0);
+}
+
+// The caps split this host's link among the flows that send at once. A backlog of answers
+// below burst_bytes_ is one short burst, answered after the pushes it sums arrived, so the
+// caps would leave the link partly idle: the answers go at the link's rate then. Only a
+// change of state takes mu_ and costs a setsockopt per connection.
+void Server::pace_for_backlog() {
+  size_t limit = burst_bytes_.load(std::memory_order_relaxed);
+  if (limit == 0) return;
+  bool burst = answers_unsent_.load(std::memory_order_relaxed) < static_cast<int64_t>(limit);
+  if (burst == burst_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (burst == burst_.load()) return;
+  burst_.store(burst);
+  for (auto& c : conns_) {
+    if (c->peer().conn_index & kRelayConnBit) continue;
+    double cap = pacing_of(c->peer());
+    if (cap > 0) c->set_pacing(burst ? std::max(cap, burst_rate_) : cap);
+  }
+  pacing_switches_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Server::set_rack_pacing(std::vector<double> answers_by_relay_id,
@@ -315,6 +350,7 @@ void Server::on_frame(Connection* c, const FrameHeader& h, void* payload) {
   }
   uint64_t key = part_key(h.tensor, h.part);
   engines_[(key >> 7) % engines_.size()]->post(std::move(w));
+  pace_for_backlog();
 }
 
 void Server::broadcast(MsgType type, const FrameHeader& about, const std::string& msg) {

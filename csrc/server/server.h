@@ -41,6 +41,13 @@ class Server : public FrameHandler, public SlotSpace {
   // Caps the rate of the answers to each worker rank, bytes/s per rank (0:
   // unpaced); applies to open connections and to those accepted later.
   void set_pacing(std::vector<double> per_rank);
+  // While fewer than `bytes` of answers wait to be written over all connections, the paced
+  // answers to workers go at `bytes_per_s` (this host's link rate) instead of their caps: a
+  // short burst of answers does not overlap the workers' pushes that the caps make room
+  // for. 0 (either): always the caps. Not for a rack's relays.
+  void set_pacing_burst(size_t bytes, double bytes_per_s);
+  // Times the answers' pacing switched between the caps and the burst rate.
+  uint64_t pacing_switches() const { return pacing_switches_.load(); }
   // Rack-level hierarchy: caps the answers to other racks' relays (bytes/s by the relaying
   // server's id) and this server's rack sums up to each owner (by owner position).
   void set_rack_pacing(std::vector<double> answers_by_relay_id, std::vector<double> up_by_owner);
@@ -84,6 +91,15 @@ class Server : public FrameHandler, public SlotSpace {
   std::vector<double> relay_pacing_;  // bytes/s per relaying server id, guarded by mu_
   // The pacing of a connection from its peer (mu_ held).
   double pacing_of(const Peer& peer) const;
+  // Switches the workers' connections between their caps and the burst rate when the
+  // answers' backlog crossed burst_bytes_ (I/O threads, on each push received).
+  void pace_for_backlog();
+  // Bytes of answers (every frame to a worker) queued and not yet written.
+  std::atomic<int64_t> answers_unsent_{0};
+  std::atomic<size_t> burst_bytes_{0};
+  double burst_rate_ = 0;           // guarded by mu_
+  std::atomic<bool> burst_{false};  // the workers' connections run at burst_rate_
+  std::atomic<uint64_t> pacing_switches_{0};
 };
 
 }  // namespace fastps

@@ -58,6 +58,10 @@ class Connection {
   // Adds every byte written / read to these counters (either may be null). Set before
   // the connection starts carrying frames.
   virtual void count_bytes(std::atomic<uint64_t>* sent, std::atomic<uint64_t>* received) = 0;
+  // Adds the bytes of every frame queued from now on to *unsent and takes them off as they
+  // are written, or dropped when the connection closes: a sender's backlog over several
+  // connections (the server's pacing burst rule). Set before the connection carries frames.
+  virtual void count_unsent(std::atomic<int64_t>* unsent) = 0;
 
   const Peer& peer() const { return peer_; }
   const std::string& desc() const { return desc_; }

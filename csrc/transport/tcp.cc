@@ -52,6 +52,9 @@ bool TcpConnection::queue(SendItem item, bool first) {
       pos = sendq_.begin();
       if (pos != sendq_.end() && pos->done > 0) ++pos;  // a frame half written stays whole
     }
+    if (unsent_bytes_)
+      unsent_bytes_->fetch_add(static_cast<int64_t>(sizeof(FrameHeader) + item.len),
+                               std::memory_order_relaxed);
     sendq_.insert(pos, std::move(item));
     // Only the first queued item writes directly; otherwise the loop (or the
     // writer ahead of us) drains the queue in order.
@@ -94,6 +97,8 @@ bool TcpConnection::flush_locked(std::vector<std::function<void()>>* completed) 
     }
     size_t left = static_cast<size_t>(w);
     if (sent_bytes_) sent_bytes_->fetch_add(left, std::memory_order_relaxed);
+    if (unsent_bytes_)
+      unsent_bytes_->fetch_sub(static_cast<int64_t>(left), std::memory_order_relaxed);
     while (left > 0 && !sendq_.empty()) {
       SendItem& it = sendq_.front();
       size_t total = sizeof(FrameHeader) + it.len;
@@ -107,6 +112,13 @@ bool TcpConnection::flush_locked(std::vector<std::function<void()>>* completed) 
     }
   }
   return true;
+}
+
+void TcpConnection::drop_unsent_locked() {
+  if (!unsent_bytes_) return;
+  int64_t left = 0;
+  for (auto& it : sendq_) left += static_cast<int64_t>(sizeof(FrameHeader) + it.len - it.done);
+  unsent_bytes_->fetch_sub(left, std::memory_order_relaxed);
 }
 
 void TcpConnection::set_want_write(bool on) {
@@ -245,6 +257,7 @@ void EventLoop::stop() {
   for (auto& kv : conns_) {
     std::lock_guard<std::mutex> sl(kv.first->send_mu_);
     kv.first->closed_ = true;
+    kv.first->drop_unsent_locked();
     kv.first->sendq_.clear();
   }
   conns_.clear();
@@ -276,6 +289,7 @@ void EventLoop::drop(TcpConnection* c, bool clean, const std::string& reason) {
   {
     std::lock_guard<std::mutex> sl(c->send_mu_);
     c->closed_ = true;
+    c->drop_unsent_locked();
     c->sendq_.clear();
   }
   c->handler_->on_close(c, clean, reason);

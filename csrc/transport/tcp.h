@@ -44,6 +44,7 @@ class TcpConnection final : public Connection {
     sent_bytes_ = sent;
     received_bytes_ = received;
   }
+  void count_unsent(std::atomic<int64_t>* unsent) override { unsent_bytes_ = unsent; }
   // The socket, open for as long as this object lives (for socket options only).
   int fd() const { return fd_; }
 
@@ -73,6 +74,10 @@ class TcpConnection final : public Connection {
   bool saw_bye_ = false;
   std::atomic<uint64_t>* sent_bytes_ = nullptr;
   std::atomic<uint64_t>* received_bytes_ = nullptr;
+  std::atomic<int64_t>* unsent_bytes_ = nullptr;
+  // Takes the unwritten rest of every queued frame off *unsent_bytes_ (send_mu_ held,
+  // before sendq_ is cleared).
+  void drop_unsent_locked();
 
   std::mutex send_mu_;
   std::deque<SendItem> sendq_;

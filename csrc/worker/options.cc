@@ -26,6 +26,9 @@ void check_options(const WorkerOptions& o) {
   if (o.shm && o.shm_bytes == 0) bad("shm_bytes", "0", "must be > 0 when shm is on");
   for (double r : o.pacing_bytes_per_s)
     if (!(r >= 0)) bad("pacing_bytes_per_s", std::to_string(r), "rates must be >= 0");
+  if (!(o.pacing_burst_bytes_per_s >= 0) || std::isinf(o.pacing_burst_bytes_per_s))
+    bad("pacing_burst_bytes_per_s", std::to_string(o.pacing_burst_bytes_per_s),
+        "must be a finite rate >= 0");
   if (o.relay_via.empty() && o.owner_pushers.empty()) return;
   size_t n = o.servers.size();
   if (o.relay_via.size() != n || o.owner_pushers.size() != n)

@@ -31,6 +31,12 @@ struct WorkerOptions {
   // Rate cap per server, bytes/s, split over that server's connections
   // (core/control/placement.py pacing_plan); empty or 0: unpaced.
   std::vector<double> pacing_bytes_per_s;
+  // While fewer than pacing_burst_bytes wait to be pushed (queued or not yet written), the
+  // paced connections send at pacing_burst_bytes_per_s (this host's link rate) instead:
+  // the caps above split the link among flows that all send at once, and a short burst's
+  // pushes do not overlap the servers' answers. 0 (either): always the caps above.
+  size_t pacing_burst_bytes = 0;
+  double pacing_burst_bytes_per_s = 0;
   int conns_per_server = 0;
   double connect_timeout_s = 0;
   // Shared memory (BytePS §6.2) and local reduce (§4.2): the workers on this

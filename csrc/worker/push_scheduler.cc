@@ -31,7 +31,8 @@ void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
                               std::to_string(p.server) + " of " + std::to_string(queues_.size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& p : parts) queues_[p.server].insert(p);
+    for (auto& p : parts)
+      if (queues_[p.server].insert(p).second) queued_bytes_ += p.len;
   }
   cv_.notify_one();
 }
@@ -82,6 +83,7 @@ size_t PushScheduler::take_admissible(std::vector<PushTicket>* out,
     PushTicket t = *pick;
     queues_[best].erase(t);
     boosted_[best].erase(t);
+    queued_bytes_ -= t.len;
     if (keep && !keep(t)) continue;
     unwritten_[best] += t.len;
     unanswered_[best][urgency(t)] = t.len;
@@ -175,6 +177,13 @@ uint64_t PushScheduler::boosts() const {
 size_t PushScheduler::unwritten_bytes(size_t server) const {
   std::lock_guard<std::mutex> lock(mu_);
   return unwritten_.at(server);
+}
+
+size_t PushScheduler::backlog_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = queued_bytes_;
+  for (size_t u : unwritten_) n += u;
+  return n;
 }
 
 size_t PushScheduler::unanswered_bytes(size_t server) const {

@@ -104,6 +104,9 @@ class PushScheduler {
   size_t queued(size_t server) const;
   size_t unwritten_bytes(size_t server) const;
   size_t unanswered_bytes(size_t server) const;
+  // Bytes still to be written to the transport: queued parts plus taken ones not yet
+  // written, over every server (the worker's pacing burst rule).
+  size_t backlog_bytes() const;
   uint64_t boosts() const;
 
  private:
@@ -134,6 +137,7 @@ class PushScheduler {
   std::vector<Queue> boosted_;  // queued parts a server is waiting for from this worker only
   uint64_t boosts_ = 0;
   std::vector<size_t> unwritten_;  // bytes taken, not yet written to the socket
+  size_t queued_bytes_ = 0;        // bytes of the parts in queues_
   // Parts taken and not yet answered, per server: urgency -> bytes.
   std::vector<std::map<UrgencyKey, size_t>> unanswered_;
   bool stop_ = false;

@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -390,8 +391,28 @@ void Worker::push_loop() {
   while (true) {
     tasks.clear();
     if (!scheduler_.wait_admissible(&batch, keep)) return;
+    pace_for_backlog();
     for (auto& t : tasks) t.handle->path->send(t);
   }
+}
+
+// The pacing caps (options.h) assume every flow of this host sends at once. While this
+// worker has less than pacing_burst_bytes left to push, its pushes are one short burst that
+// the servers answer after it, so the caps would leave half the link idle: the paced
+// connections then run at the host's link rate. Only the push thread calls this, and only a
+// change of state costs a setsockopt per connection.
+void Worker::pace_for_backlog() {
+  if (opts_.pacing_burst_bytes == 0 || !(opts_.pacing_burst_bytes_per_s > 0)) return;
+  bool burst = scheduler_.backlog_bytes() < opts_.pacing_burst_bytes;
+  if (burst == pacing_burst_) return;
+  pacing_burst_ = burst;
+  for (size_t s = 0; s < links_.size() && s < opts_.pacing_bytes_per_s.size(); ++s) {
+    double cap = opts_.pacing_bytes_per_s[s];
+    if (!(cap > 0)) continue;  // unpaced (this host's server, or pacing off)
+    double rate = burst ? std::max(cap, opts_.pacing_burst_bytes_per_s) : cap;
+    for (auto& l : links_[s]) l.connection()->set_pacing(rate / opts_.conns_per_server);
+  }
+  ++stats_.pacing_switches;
 }
 
 void* Worker::on_header(Connection* c, const FrameHeader& h, std::string* why) {

@@ -96,6 +96,8 @@ class Worker : public FrameHandler {
   std::vector<std::shared_ptr<Handle>> bucket_handles(
       const std::vector<std::shared_ptr<FusionBucket>>& buckets);
   void push_loop();
+  // Switches the paced connections between their caps and the burst rate (push thread).
+  void pace_for_backlog();
   // A server's answer to a part: checked here, taken by the part's path.
   void* on_result_header(Connection* c, const FrameHeader& h, std::string* why);
   void on_result(Connection* c, const FrameHeader& h, void* payload);
@@ -142,6 +144,7 @@ class Worker : public FrameHandler {
   // links by the loop thread before start() returns (attach_mu_ orders it).
   std::vector<std::vector<Link>> links_;
   std::thread pusher_;
+  bool pacing_burst_ = false;  // the paced connections run at the burst rate (push thread)
 };
 
 }  // namespace fastps

@@ -17,6 +17,9 @@ struct WorkerStats {
   // frame headers included: what the bytes-on-the-wire benchmark measures.
   std::atomic<uint64_t> socket_bytes_sent{0};
   std::atomic<uint64_t> socket_bytes_received{0};
+  // Times the paced connections switched between their caps and the burst rate
+  // (Worker::pace_for_backlog).
+  std::atomic<uint64_t> pacing_switches{0};
 };
 
 }  // namespace fastps

@@ -227,5 +227,52 @@ TEST(Payload, SlotReferenceCounts) {
   ShmSegment::unlink(name);
 }
 
+// The unsent count a sender keeps over its connections (the server's pacing burst rule):
+// a frame counts from when it is queued until its last byte is written, and what a closed
+// connection never wrote is taken off.
+TEST(UnsentBytes, CountFromQueueToWrittenAndDropOnClose) {
+  int a[2], b[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a), 0);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+  Null null;
+  Recorder rec;
+  std::atomic<int64_t> unsent{0};
+  auto tx = std::make_shared<TcpConnection>(a[0], Peer{}, "tx", &null);
+  auto rx = std::make_shared<TcpConnection>(a[1], Peer{}, "rx", &rec);
+  auto stuck = std::make_shared<TcpConnection>(b[0], Peer{}, "stuck", &null);  // b[1]: no reader
+  tx->count_unsent(&unsent);
+  stuck->count_unsent(&unsent);
+  std::vector<char> big(8 << 20, 'x');
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = 1;
+  h.len = static_cast<uint32_t>(big.size());
+  const int64_t frame = static_cast<int64_t>(sizeof(FrameHeader) + big.size());
+  {
+    EventLoop loop("test-unsent");
+    loop.add(tx);
+    loop.add(stuck);
+    loop.start();
+    // Nobody reads yet: the socket buffers take a few hundred KiB, the rest waits.
+    ASSERT_TRUE(tx->send(h, big.data(), big.size()));
+    EXPECT_GT(unsent.load(), 0);
+    EXPECT_LE(unsent.load(), frame);
+    loop.add(rx);  // now tx's frame drains
+    ASSERT_TRUE(rec.wait([&] { return rec.frames.size() == 1; }));
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (unsent.load() != 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(unsent.load(), 0);
+    // Two frames to a peer that never reads: counted until the loop stops with them queued.
+    ASSERT_TRUE(stuck->send(h, big.data(), big.size()));
+    ASSERT_TRUE(stuck->send(h, big.data(), big.size()));
+    EXPECT_GT(unsent.load(), frame);
+    EXPECT_LE(unsent.load(), 2 * frame);
+    loop.stop();
+  }
+  EXPECT_EQ(unsent.load(), 0);
+  ::close(b[1]);
+}
+
 }  // namespace
 }  // namespace fastps

@@ -200,6 +200,7 @@ class RecordingConn : public Connection {
   void shutdown_both() override {}
   void set_pacing(double) override {}
   void count_bytes(std::atomic<uint64_t>*, std::atomic<uint64_t>*) override {}
+  void count_unsent(std::atomic<int64_t>*) override {}
   std::vector<FrameHeader> frames;
   std::vector<std::string> payloads;
 };

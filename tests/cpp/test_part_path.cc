@@ -35,6 +35,7 @@ class RecordingConnection : public Connection {
   void shutdown_both() override { is_closed = true; }
   void set_pacing(double) override {}
   void count_bytes(std::atomic<uint64_t>*, std::atomic<uint64_t>*) override {}
+  void count_unsent(std::atomic<int64_t>*) override {}
 
   std::vector<FrameHeader> frames;
   std::vector<std::string> bytes;

@@ -196,6 +196,26 @@ TEST(PushScheduler, SamePartOfAFailedAndANewPushPullBothQueue) {
   EXPECT_EQ(out[0].tag, 2);
 }
 
+TEST(PushScheduler, BacklogCountsQueuedAndUnwrittenBytesOnce) {
+  PushScheduler s(100, 0, {1.0, 1.0});
+  EXPECT_EQ(s.backlog_bytes(), 0u);
+  PushTicket a = part(0, 1, 0, 0, 60), b = part(0, 1, 1, 0, 60), c = part(0, 2, 0, 1, 30);
+  s.enqueue({a, b, c});
+  EXPECT_EQ(s.backlog_bytes(), 150u);
+  EXPECT_TRUE(s.boost(b));  // a boosted part is still one queued part
+  EXPECT_EQ(s.backlog_bytes(), 150u);
+  std::vector<PushTicket> out;
+  ASSERT_EQ(s.take_admissible(&out), 2u);  // b (boosted) on server 0, c on server 1
+  EXPECT_EQ(s.backlog_bytes(), 150u);      // taken, not yet written
+  s.written(0, 60);
+  s.written(1, 30);
+  EXPECT_EQ(s.backlog_bytes(), 60u);  // a is still queued
+  out.clear();
+  // A part dropped while queued (its push_pull failed) leaves the backlog unsent.
+  EXPECT_EQ(s.take_admissible(&out, [](const PushTicket&) { return false; }), 0u);
+  EXPECT_EQ(s.backlog_bytes(), 0u);
+}
+
 TEST(PushScheduler, RejectsUnknownServer) {
   PushScheduler s(100, 100, {1.0, 1.0});
   EXPECT_THROW(s.enqueue({part(0, 1, 0, 2, 8)}), std::out_of_range);

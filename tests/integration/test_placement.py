@@ -64,28 +64,74 @@ def test_sums_correct_on_emulated_machines(n: int, k: int, local: int) -> None:
             assert all(v > 0 for v in shm_pushes.values()), shm_pushes
 
 
-@pytest.mark.parametrize("link", ["40", "0"])
-def test_paced_flows_are_capped_and_sums_exact(link: str) -> None:
-    """Two emulated hosts on loopback: at a stated 40 Mbit/s link each flow is capped at its
-    share (2.5 MB/s here), so 4 MiB (2 MiB each way per host) takes at least ~0.8 s; with
-    no stated link the same transfer is not held back."""
-    nbytes = 4 << 20
+def _pacing_job(nbytes: int, rounds: int, env: dict) -> tuple:
+    """Two emulated hosts on loopback, a worker and a server on each: every worker's elapsed
+    time and data-path stats, and the servers' output."""
     with Job(
         2,
         2,
-        [os.path.join(WORKERS, "pacing_worker.py"), str(nbytes)],
-        env={"FASTPS_LINK_MBIT": link},
+        [os.path.join(WORKERS, "pacing_worker.py"), str(nbytes), str(rounds)],
+        env=env,
         worker_hosts=["w0", "w1"],
         server_hosts=["w0", "w1"],
     ) as job:
         job.wait(60, job.workers())
-        times = []
+        times, stats = [], []
         for wp in job.workers():
             assert wp.popen.returncode == 0, job.dump()
             times.append(float(re.search(r"ELAPSED (\S+)", wp.output).group(1)))
+            stats.append(json.loads(re.search(r"STATS (.*)", wp.output).group(1)))
+        job.wait(30)
+        servers = [p.output for p in job.procs if p.role == "server"]
+    return times, stats, servers
+
+
+@pytest.mark.parametrize("link,burst", [("40", "0"), ("40", "1M"), ("0", "1M")])
+def test_paced_flows_are_capped_and_sums_exact(link: str, burst: str) -> None:
+    """At a stated 40 Mbit/s link each flow is capped at its share (2.5 MB/s here), so 4 MiB
+    (2 MiB each way per host) takes at least ~0.8 s when every byte is paced
+    (FASTPS_PACING_BURST_BYTES=0); with the burst rule (the default, 1 MiB) a worker's pushes
+    leave the caps only for the last MiB of each round and take them up again for the next
+    round's 4 MiB; with no stated link the same transfer is not held back."""
+    nbytes = 4 << 20
+    env = {"FASTPS_LINK_MBIT": link, "FASTPS_PACING_BURST_BYTES": burst}
+    times, stats, _ = _pacing_job(nbytes, 1, env)
     # Each host pushes half the tensor to the other host's server at 1/2 of its link.
     floor = (nbytes / 2) / (40e6 / 8 / 2)
+    switches = [s["pacing_switches"] for s in stats]
     if link == "0":
         assert max(times) < floor, times
-    else:
+        assert switches == [0, 0], stats
+    elif burst == "0":
         assert min(times) > 0.7 * floor, times
+        assert switches == [0, 0], stats
+    else:
+        # Two rounds (the warm-up and the timed one): to the burst rate at each round's
+        # tail, back to the caps when the next round's 4 MiB are queued.
+        assert all(n >= 3 for n in switches), stats
+        # At least the first MiB of the remote half went at the capped rate.
+        assert min(times) > 0.7 * (nbytes / 2 - (1 << 20)) / (40e6 / 8 / 2), times
+
+
+@pytest.mark.parametrize("burst", ["0", "1M"])
+def test_short_rounds_leave_the_caps_on_both_sides(burst: str) -> None:
+    """Rounds of 128 KiB (64 KiB to each host's server): below FASTPS_PACING_BURST_BYTES the
+    workers' pushes and the servers' answers go at the link rate rather than at their share
+    of it; at 0 they stay at the caps. Sums are exact either way (the worker checks them)."""
+    env = {
+        "FASTPS_LINK_MBIT": "40",
+        "FASTPS_PACING_BURST_BYTES": burst,
+        "FASTPS_LOG_LEVEL": "DEBUG",
+    }
+    times, stats, servers = _pacing_job(128 << 10, 20, env)
+    switched = [int(m) for out in servers for m in re.findall(r"pacing switched (\d+) times", out)]
+    assert len(switched) == 2, servers
+    if burst == "0":
+        assert [s["pacing_switches"] for s in stats] == [0, 0], stats
+        assert switched == [0, 0], servers
+        # 20 rounds of 64 KiB pushed to the other host at 2.5 MB/s, answers after them.
+        assert min(times) > 0.7 * 20 * (64 << 10) / (40e6 / 8 / 2), times
+    else:
+        # Into burst with the first round and never back: no round is large.
+        assert [s["pacing_switches"] for s in stats] == [1, 1], stats
+        assert switched == [1, 1], servers

@@ -35,6 +35,7 @@ def test_worker_options_come_from_config_field_by_field() -> None:
         window_bytes=12345,
         fusion_threshold=4321,
         notsent_lowat=777,
+        pacing_burst_bytes=333,
         conns_per_server=2,
         timeout=7.5,
         shm=False,
@@ -48,6 +49,7 @@ def test_worker_options_come_from_config_field_by_field() -> None:
         servers=["h:1", "h:2"],
         server_weights=[1, 3],
         pacing_bytes_per_s=[0, 5e6],
+        pacing_burst_bytes_per_s=1.25e7,
         local_ranks=[1],
         local_servers=[False, True],
         num_hosts=2,
@@ -59,6 +61,7 @@ def test_worker_options_come_from_config_field_by_field() -> None:
     assert (o.connect_timeout_s, o.shm, o.shm_bytes) == (7.5, False, 1 << 20)
     assert o.servers == ("h:1", "h:2") and o.server_weights == (1.0, 3.0)
     assert o.pacing_bytes_per_s == (0.0, 5e6) and o.local_ranks == (1,)
+    assert (o.pacing_burst_bytes, o.pacing_burst_bytes_per_s) == (333, 1.25e7)
     assert o.local_servers == (False, True) and o.num_hosts == 2
 
 

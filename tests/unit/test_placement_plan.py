@@ -300,3 +300,14 @@ def test_rack_pacing_with_local_reduce_and_a_rack_without_servers() -> None:
     assert rates.worker_rates[0][1] == rates.worker_rates[1][1] > 0
     assert all(r > 0 for r in rates.worker_rates[4])
     assert rates.relay_rates[2][0] > 0 and rates.relay_rates[0][2] > 0
+
+
+def test_burst_rate_is_the_hosts_own_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's or server's short bursts go at its host's link rate: its
+    FASTPS_HOST_BANDWIDTHS entry, else the job's link rate; nothing when pacing is off."""
+    monkeypatch.setenv("FASTPS_HOST_BANDWIDTHS", "c1=500")
+    assert placement.host_link_bytes_per_s("c1", 1000.0) == pytest.approx(500e6 / 8)
+    assert placement.host_link_bytes_per_s("w0", 1000.0) == pytest.approx(1000e6 / 8)
+    assert placement.host_link_bytes_per_s("c1", 0.0) == 0.0
+    monkeypatch.delenv("FASTPS_HOST_BANDWIDTHS")
+    assert placement.host_link_bytes_per_s("c1", 100.0) == pytest.approx(100e6 / 8)
