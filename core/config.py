@@ -113,7 +113,9 @@ DEFAULT_NOTSENT_LOWAT = 128 * KiB  # unsent bytes the kernel may hold per connec
 # runs alone in its phase: its pushes, then the servers' answers. Paced at their share, each
 # phase used half the link (digits and the CIFAR-like task at 100 Mbit/s: 1.3-1.4x slower
 # steps than unpaced). Below this many bytes still to send, a worker's pushes go at the host
-# link's rate instead (docs/results/pacing-burst-2026-11-30.md). 0: always paced.
+# link's rate instead, and until a backlog first reaches it the connections are not paced at
+# all: a socket Linux paces once stays paced, below any cap, at its own estimate of the rate
+# (docs/results/pacing-burst-2026-11-30.md). 0: always paced.
 DEFAULT_PACING_BURST_BYTES = 1 * MiB
 DEFAULT_SHM_BYTES = 256 << 20  # per worker; pages are only used while parts are in flight
 MAX_PARTITION_BYTES = 256 * MiB  # kMaxPartBytes in csrc/transport/wire.h: larger frames are refused

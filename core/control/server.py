@@ -150,15 +150,16 @@ def run_server(
             # Rates are by position among the servers (ids may have gaps with elastic servers).
             ids = sorted(s.id for s in membership.servers)
             mine = server_rates[ids.index(cfg.server_id)]
-            srv.set_pacing([r / cfg.conns_per_server for r in mine])
-            _set_rack_pacing(srv, cfg, membership, link)
             # Under the rack hierarchy the caps guard the racks' uplinks: no bursts there.
+            # Before the caps: with bursts, connections stay unpaced until a large backlog.
             if hasattr(srv, "set_pacing_burst") and (
                 placement.membership_rack_plan(membership, cfg.shm) is None
             ):
                 srv.set_pacing_burst(
                     cfg.pacing_burst_bytes, placement.host_link_bytes_per_s(cfg.hostname, link)
                 )
+            srv.set_pacing([r / cfg.conns_per_server for r in mine])
+            _set_rack_pacing(srv, cfg, membership, link)
         rec = timeline_recorder.active()
         if rec is not None:
             rec.set_clock(client.clock_offset())

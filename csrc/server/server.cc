@@ -184,9 +184,8 @@ void Server::admit(int fd, const Peer& peer) {
     std::lock_guard<std::mutex> lock(mu_);
     // Pacing is per worker; a rack's relay carries that whole rack's sums at its own rate.
     if (!pacing_.empty() || !relay_pacing_.empty()) {
-      double cap = pacing_of(peer);
-      if (!relay && cap > 0 && burst_.load()) cap = std::max(cap, burst_rate_);
-      set_pacing_rate(fd, cap);
+      double rate = relay ? pacing_of(peer) : worker_rate_locked(peer);
+      if (rate >= 0) set_pacing_rate(fd, rate);
     }
     if (!relay) conn->count_unsent(&answers_unsent_);
     conns_.push_back(conn);
@@ -204,14 +203,25 @@ double Server::pacing_of(const Peer& peer) const {
   return peer.rank < pacing_.size() ? pacing_[peer.rank] : 0.0;
 }
 
+double Server::worker_rate_locked(const Peer& peer) {
+  double cap = pacing_of(peer);
+  if (!(cap > 0) || burst_bytes_.load() == 0) return cap;
+  if (!burst_.load()) {
+    paced_ = true;
+    return cap;
+  }
+  // In a burst: the link rate once the caps were ever set, else not paced at all (a socket
+  // Linux paces stays paced, at the lower of our rate and its own estimate).
+  return paced_ ? std::max(cap, burst_rate_) : -1;
+}
+
 void Server::set_pacing(std::vector<double> per_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   pacing_ = std::move(per_rank);
-  bool burst = burst_.load();
   for (auto& c : conns_) {
     if (c->peer().conn_index & kRelayConnBit) continue;
-    double cap = pacing_of(c->peer());
-    c->set_pacing(cap > 0 && burst ? std::max(cap, burst_rate_) : cap);
+    double rate = worker_rate_locked(c->peer());
+    if (rate >= 0) c->set_pacing(rate);
   }
 }
 
@@ -219,12 +229,14 @@ void Server::set_pacing_burst(size_t bytes, double bytes_per_s) {
   std::lock_guard<std::mutex> lock(mu_);
   burst_rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
   burst_bytes_.store(burst_rate_ > 0 ? bytes : 0);
+  burst_.store(burst_rate_ > 0 && bytes > 0);  // unpaced until the first large backlog
 }
 
 // The caps split this host's link among the flows that send at once. A backlog of answers
 // below burst_bytes_ is one short burst, answered after the pushes it sums arrived, so the
-// caps would leave the link partly idle: the answers go at the link's rate then. Only a
-// change of state takes mu_ and costs a setsockopt per connection.
+// caps would leave the link partly idle: the answers go at the link's rate then (or stay
+// unpaced until the first large backlog). Only a change of state takes mu_ and costs a
+// setsockopt per connection.
 void Server::pace_for_backlog() {
   size_t limit = burst_bytes_.load(std::memory_order_relaxed);
   if (limit == 0) return;
@@ -235,8 +247,8 @@ void Server::pace_for_backlog() {
   burst_.store(burst);
   for (auto& c : conns_) {
     if (c->peer().conn_index & kRelayConnBit) continue;
-    double cap = pacing_of(c->peer());
-    if (cap > 0) c->set_pacing(burst ? std::max(cap, burst_rate_) : cap);
+    double rate = worker_rate_locked(c->peer());
+    if (rate > 0) c->set_pacing(rate);
   }
   pacing_switches_.fetch_add(1, std::memory_order_relaxed);
 }

@@ -44,7 +44,8 @@ class Server : public FrameHandler, public SlotSpace {
   // While fewer than `bytes` of answers wait to be written over all connections, the paced
   // answers to workers go at `bytes_per_s` (this host's link rate) instead of their caps: a
   // short burst of answers does not overlap the workers' pushes that the caps make room
-  // for. 0 (either): always the caps. Not for a rack's relays.
+  // for. Until the first such backlog they are not paced at all. 0 (either): always the
+  // caps. Not for a rack's relays. Call it before set_pacing.
   void set_pacing_burst(size_t bytes, double bytes_per_s);
   // Times the answers' pacing switched between the caps and the burst rate.
   uint64_t pacing_switches() const { return pacing_switches_.load(); }
@@ -94,6 +95,10 @@ class Server : public FrameHandler, public SlotSpace {
   // Switches the workers' connections between their caps and the burst rate when the
   // answers' backlog crossed burst_bytes_ (I/O threads, on each push received).
   void pace_for_backlog();
+  // The rate to give a worker's connection now (mu_ held): its cap, the burst rate, or -1
+  // for none (a burst before any large backlog: the socket stays unpaced).
+  double worker_rate_locked(const Peer& peer);
+  bool paced_ = false;  // the caps were set on the workers' connections once (mu_)
   // Bytes of answers (every frame to a worker) queued and not yet written.
   std::atomic<int64_t> answers_unsent_{0};
   std::atomic<size_t> burst_bytes_{0};

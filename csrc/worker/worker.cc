@@ -103,6 +103,7 @@ void Worker::start() {
   if (!error().empty()) throw AbortError(error());  // aborted before it started
   loop_ = std::make_unique<EventLoop>("worker-io");
   links_.resize(opts_.servers.size());
+  pacing_burst_ = opts_.pacing_burst_bytes > 0 && opts_.pacing_burst_bytes_per_s > 0;
   // The segment exists before anyone can ask to map it.
   if (local_) local_->open();
   // The servers' connections, then the local peers': this worker's loop carries them all.
@@ -114,7 +115,9 @@ void Worker::start() {
                                      static_cast<uint32_t>(k), opts_.connect_timeout_s,
                                      static_cast<int>(opts_.notsent_lowat), desc,
                                      [this] { return error(); });
-      if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0)
+      // With the burst rule the caps wait for the first large backlog (pace_for_backlog):
+      // once a socket is paced, Linux keeps pacing it, also below any cap we set.
+      if (s < opts_.pacing_bytes_per_s.size() && opts_.pacing_bytes_per_s[s] > 0 && !pacing_burst_)
         set_pacing_rate(fd, opts_.pacing_bytes_per_s[s] / opts_.conns_per_server);
       Peer p;
       p.rank = static_cast<uint32_t>(s);
@@ -399,8 +402,11 @@ void Worker::push_loop() {
 // The pacing caps (options.h) assume every flow of this host sends at once. While this
 // worker has less than pacing_burst_bytes left to push, its pushes are one short burst that
 // the servers answer after it, so the caps would leave half the link idle: the paced
-// connections then run at the host's link rate. Only the push thread calls this, and only a
-// change of state costs a setsockopt per connection.
+// connections then run at the host's link rate. They start unpaced and get their caps with
+// the first large backlog: a socket Linux paces stays paced (at the lower of our rate and
+// its own estimate from the congestion window and the RTT), which slowed short compressed
+// rounds on the rack. Only the push thread calls this, and only a change of state costs a
+// setsockopt per connection.
 void Worker::pace_for_backlog() {
   if (opts_.pacing_burst_bytes == 0 || !(opts_.pacing_burst_bytes_per_s > 0)) return;
   bool burst = scheduler_.backlog_bytes() < opts_.pacing_burst_bytes;

@@ -144,7 +144,9 @@ class Worker : public FrameHandler {
   // links by the loop thread before start() returns (attach_mu_ orders it).
   std::vector<std::vector<Link>> links_;
   std::thread pusher_;
-  bool pacing_burst_ = false;  // the paced connections run at the burst rate (push thread)
+  // The paced connections run at the burst rate, or (before the first large backlog) are
+  // not paced at all (start, then the push thread).
+  bool pacing_burst_ = false;
 };
 
 }  // namespace fastps
