@@ -12,7 +12,13 @@ what the model's shape allows and what the implementation loses:
   (``fifo``: submission order, no priorities); no latency, no per-part cost;
 - compute is the emulator's per-layer forward/backward times (``models.layer_times``);
 - ``cross-barrier``: the forward pass of layer i waits only for layer i's sum;
-  ``sync``: it waits for every sum (the optimizer's step is a barrier).
+  ``sync``: it waits for every sum (the optimizer's step is a barrier);
+- ``DDP``: sync, and a gradient leaves only with its bucket (torch DDP's default: 1 MiB
+  first, then 25 MiB, filled in backward order), once every gradient in it exists; buckets
+  go in the order they fill. The same for DDP on Gloo (the ring all-reduce bound) and on
+  fastps (BytePS Eq. 6 at k): their ratio is the most a perfect DDP-fastps can gain over a
+  perfect DDP-Gloo, and ``DDP ceiling`` divides it by how far a measured DDP-Gloo is off its
+  own perfect period (``--ddp-gloo-measured``).
 
 Each iteration's sums are all in before its next backward pass starts, so every iteration
 is alike and the period is exact (no warm-up).
@@ -26,6 +32,7 @@ bound); the table also gives the fraction of the dense ideal.
 
     python -m benchmarks.emulator.schedule_bound --models resnet50 vgg16 bert -k 0 2
     python -m benchmarks.emulator.schedule_bound --models bert --sparse-embedding
+    python -m benchmarks.emulator.schedule_bound --models resnet50 --ratios 1 -k 0 2 --ddp
 """
 
 from __future__ import annotations
@@ -142,6 +149,53 @@ def period(
     return t  # the next backward starts here
 
 
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb default
+
+
+def ddp_buckets(
+    model: em.ModelSpec,
+    first_bytes: int = DDP_FIRST_BUCKET_BYTES,
+    cap_bytes: int = DDP_BUCKET_BYTES,
+) -> List[List[int]]:
+    """The layers of each DDP bucket, in the order the buckets fill (backward order): a
+    bucket closes once it holds its cap, the first one at ``first_bytes``. float32."""
+    buckets: List[List[int]] = []
+    cur: List[int] = []
+    size = 0
+    cap = first_bytes
+    for i in range(len(model.layers) - 1, -1, -1):
+        cur.append(i)
+        size += 4 * model.layers[i].numel
+        if size >= cap:
+            buckets.append(cur)
+            cur, size, cap = [], 0, cap_bytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def ddp_period(
+    model: em.ModelSpec,
+    compute_s: float,
+    work: Sequence[float],
+    buckets: Sequence[Sequence[int]],
+) -> float:
+    """Steady-state seconds per iteration of a perfect DDP: a bucket is sent once its last
+    gradient exists (the lowest layer in it), buckets in order, and the next forward pass
+    waits for every sum."""
+    times = em.layer_times(model, compute_s)
+    ready_layer = [0.0] * len(model.layers)
+    t = 0.0
+    for i in range(len(model.layers) - 1, -1, -1):
+        t += times[i][1]
+        ready_layer[i] = t
+    ready = [max(ready_layer[i] for i in b) for b in buckets]
+    bwork = [sum(work[i] for i in b) for b in buckets]
+    done = _finish_times(ready, bwork, list(range(len(buckets))))
+    return max(t, max(done)) + sum(f for f, _ in times)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from benchmarks import rack_common as rc
 
@@ -156,7 +210,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         action="store_true",
         help="BERT's word embedding sends a sparse gradient (the rows a batch uses)",
     )
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="also a perfect torch DDP (25 MiB buckets) on Gloo and on fastps at each k",
+    )
+    p.add_argument(
+        "--ddp-gloo-measured",
+        type=float,
+        default=None,
+        help="a measured DDP-Gloo s/iter for the DDP ceiling column (one model and ratio)",
+    )
     args = p.parse_args(argv)
+    if args.ddp:
+        return _print_ddp(args)
     good = args.rate * rc.GOODPUT_FACTOR * 1e6 / 8
     rows = em.expected_rows() if args.sparse_embedding else 0.0
     if rows:
@@ -187,6 +254,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     f"{fr[0]:8.3f} {fr[1]:8.3f} {fr[2]:8.3f}"
                     + (f"   {dense_ideal / periods[0]:8.3f}" if rows else "")
                 )
+    return 0
+
+
+def _print_ddp(args: argparse.Namespace) -> int:
+    from benchmarks import rack_common as rc
+
+    good = args.rate * rc.GOODPUT_FACTOR * 1e6 / 8
+    print(
+        f"{'model':8s} {'ratio':>5s} {'k':>2s} {'C s':>7s} {'buckets':>7s} "
+        f"{'DDP-Gloo s':>10s} {'DDP-fastps s':>12s} {'fastps/Gloo':>11s}"
+        + (f" {'DDP ceiling':>11s}" if args.ddp_gloo_measured else "")
+    )
+    for name in args.models:
+        model = em.spec(name)
+        buckets = ddp_buckets(model)
+        b0 = rc.fastps_bound_s(args.workers, 0, 4.0 * model.numel, good)
+        for ratio in args.ratios:
+            c = ratio * b0
+            gloo = ddp_period(model, c, link_work(model, args.workers, 0, good, ring=True), buckets)
+            for k in args.cpu_hosts:
+                fps = ddp_period(model, c, link_work(model, args.workers, k, good), buckets)
+                line = (
+                    f"{name:8s} {ratio:5g} {k:2d} {c:7.3f} {len(buckets):7d} "
+                    f"{gloo:10.3f} {fps:12.3f} {gloo / fps:11.3f}"
+                )
+                if args.ddp_gloo_measured:
+                    line += f" {args.ddp_gloo_measured / fps:11.3f}"
+                print(line)
     return 0
 
 

@@ -19,9 +19,13 @@ TorchDistributor train on fastps unchanged. How the pieces map:
 * CUDA tensors are copied to host memory when the op is called (after the caller's
   stream's work on them) and back on the completion thread; the work's future names their
   devices, so a waiter's stream waits for the copies back;
-* ``allreduce`` priorities follow DDP's bucket order: within a burst of allreduces (issued
-  while earlier ones are in flight, as DDP's backward does) a later one goes first, since
-  it holds the layers the next forward pass needs first.
+* ``allreduce`` priorities follow DDP's bucket order, first issued first: within a burst of
+  allreduces (issued while earlier ones are in flight, as DDP's backward does) each later
+  one is one lower. DDP's next forward pass waits for every bucket, so putting a later
+  bucket first (it holds the layers the forward pass needs first) cannot start it sooner;
+  it only lets the workers' orders diverge when the bucket reaches them at different times,
+  which cost 2% of ResNet-50's DDP iteration on the rack
+  (docs/results/ddp-fastps-2026-11-30/README.md).
 """
 
 from __future__ import annotations
@@ -450,7 +454,7 @@ class FastPSProcessGroup(dist.ProcessGroup):
             if self._allreduces_in_flight == 0:
                 self._burst = 0
             self._allreduces_in_flight += 1
-            priority = self._burst
+            priority = -self._burst  # first issued, first pushed (module doc)
             self._burst += 1
         return priority
 

@@ -62,6 +62,35 @@ def test_schedule_bound() -> None:
     assert abs(sb.period(bert, 2.0, 1.0, True, True) - (2.0 + emb)) < 0.05
 
 
+def test_schedule_bound_ddp() -> None:
+    """A perfect DDP: buckets of DDP's caps in backward order, sent once full, a barrier
+    before the next forward pass. With no compute it is the link bound; at the balanced
+    point (ratio 1) fastps at k = 2 can be at most ~1.18x a perfect DDP-Gloo, short of the
+    1.25x the bandwidth bounds alone allow (issue 38's target)."""
+    from benchmarks.emulator import schedule_bound as sb
+
+    r50 = em.spec("resnet50")
+    buckets = sb.ddp_buckets(r50)
+    # every layer once, in backward order; the first bucket closes at 1 MiB (fc: 8.2 MB)
+    assert [i for b in buckets for i in b] == list(range(len(r50.layers) - 1, -1, -1))
+    sizes = [sum(4 * r50.layers[i].numel for i in b) for b in buckets]
+    assert sizes[0] >= sb.DDP_FIRST_BUCKET_BYTES
+    assert all(s >= sb.DDP_BUCKET_BYTES for s in sizes[1:-1]), sizes
+    good = 1000 * rc.GOODPUT_FACTOR * 1e6 / 8
+    ring = sb.link_work(r50, 4, 0, good, ring=True)
+    ps0 = sb.link_work(r50, 4, 0, good)
+    ps2 = sb.link_work(r50, 4, 2, good)
+    assert abs(sum(ring) - sum(ps0)) < 1e-9  # at k = 0 the two bounds are the same
+    assert abs(sum(ring) / sum(ps2) - 1.25) < 0.02  # two CPU hosts: 1.25x fewer seconds
+    # no compute: the period is the link's work
+    assert abs(sb.ddp_period(r50, 0.0, ps2, buckets) - sum(ps2)) < 1e-9
+    c = sum(ps0)
+    gloo, fps = sb.ddp_period(r50, c, ring, buckets), sb.ddp_period(r50, c, ps2, buckets)
+    # not faster than the synchronous bound without buckets
+    assert fps >= sb.period(r50, c, sum(ps2), False, True, ps2) - 1e-9
+    assert 1.15 < gloo / fps < 1.2, (gloo, fps)
+
+
 def test_schedule_bound_sparse_embedding() -> None:
     """A sparse word-embedding gradient (the rows a batch of Zipf tokens touches) is what
     lifts BERT's cap at the balanced point: ~1,790 rows, 5.5 MB instead of 94 MB; the link

@@ -93,10 +93,10 @@ def test_ddp_matches_gloo(gloo2: Path, fastps2: Path, case: str) -> None:
 
 def test_ddp_bucket_order_is_priority(fastps2: Path) -> None:
     """With several buckets, each backward's allreduces go to fastps in DDP's bucket order
-    under consecutive op names, and a later bucket gets a higher priority than every
-    earlier one still in flight: the backend restarts its count at 0 exactly when no
-    allreduce is in flight (whether a bucket's exchange ends before the next bucket is
-    ready depends on the machine's load), else counts on."""
+    under consecutive op names, and a later bucket gets a lower priority than every
+    earlier one still in flight (first issued, first pushed): the backend restarts its
+    count at 0 exactly when no allreduce is in flight (whether a bucket's exchange ends
+    before the next bucket is ready depends on the machine's load), else counts down."""
     steps = [json.loads((fastps2 / f"priorities.{r}.json").read_text()) for r in range(2)]
     assert [[c["name"] for c in s] for s in steps[0]] == [[c["name"] for c in s] for s in steps[1]]
     assert len(steps[0]) == 10  # steps 2..11 of 12, after DDP rebuilt its buckets
@@ -112,10 +112,10 @@ def test_ddp_bucket_order_is_priority(fastps2: Path) -> None:
             for before, after in zip(calls, calls[1:]):
                 # "busy" is read just before the backend's count: an exchange may still end
                 # in between, but none can start (one thread issues the allreduces).
-                want = (before["priority"] + 1, 0) if after["busy"] else (0,)
+                want = (before["priority"] - 1, 0) if after["busy"] else (0,)
                 assert after["priority"] in want, calls
-            overlapped += sum(1 for c in calls if c["priority"] > 0)
-    # Some bucket was handed over while an earlier one was in flight, and so went first.
+            overlapped += sum(1 for c in calls if c["priority"] < 0)
+    # Some bucket was handed over while an earlier one was in flight, and so queued behind it.
     assert overlapped > 0, "no bucket's allreduce overlapped an earlier one's"
 
 
