@@ -17,8 +17,8 @@ what the model's shape allows and what the implementation loses:
   first, then 25 MiB, filled in backward order), once every gradient in it exists; buckets
   go in the order they fill. The same for DDP on Gloo (the ring all-reduce bound) and on
   fastps (BytePS Eq. 6 at k): their ratio is the most a perfect DDP-fastps can gain over a
-  perfect DDP-Gloo, and ``DDP ceiling`` divides it by how far a measured DDP-Gloo is off its
-  own perfect period (``--ddp-gloo-measured``).
+  perfect DDP-Gloo; a measured DDP-Gloo over the perfect DDP-fastps is the ceiling of the
+  measured ratio.
 
 Each iteration's sums are all in before its next backward pass starts, so every iteration
 is alike and the period is exact (no warm-up).
@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -116,6 +116,17 @@ def link_work(
     return [b * d / total + s for d, s in zip(dense, sparse)]
 
 
+def _gradients_ready(times: Sequence[Tuple[float, float]]) -> List[float]:
+    """When each layer's gradient exists: backward starts at 0 and runs from the last
+    layer to the first (``times``: per-layer forward and backward seconds)."""
+    ready = [0.0] * len(times)
+    t = 0.0
+    for i in range(len(times) - 1, -1, -1):
+        t += times[i][1]
+        ready[i] = t
+    return ready
+
+
 def period(
     model: em.ModelSpec,
     compute_s: float,
@@ -132,13 +143,8 @@ def period(
         total = float(sum(sizes))
         work = [bound_s * s / total for s in sizes]
     n = len(model.layers)
-    # Backward starts at 0 and runs from the last layer to the first.
-    ready = [0.0] * n
-    t = 0.0
-    for i in range(n - 1, -1, -1):
-        t += times[i][1]
-        ready[i] = t
-    backward_end = t
+    ready = _gradients_ready(times)
+    backward_end = ready[0]
     order = list(range(n)) if priority else sorted(range(n), key=lambda i: ready[i])
     done = _finish_times(ready, work, order)
     t = backward_end if cross_barrier else max(backward_end, max(done))
@@ -185,15 +191,11 @@ def ddp_period(
     gradient exists (the lowest layer in it), buckets in order, and the next forward pass
     waits for every sum."""
     times = em.layer_times(model, compute_s)
-    ready_layer = [0.0] * len(model.layers)
-    t = 0.0
-    for i in range(len(model.layers) - 1, -1, -1):
-        t += times[i][1]
-        ready_layer[i] = t
+    ready_layer = _gradients_ready(times)
     ready = [max(ready_layer[i] for i in b) for b in buckets]
     bwork = [sum(work[i] for i in b) for b in buckets]
     done = _finish_times(ready, bwork, list(range(len(buckets))))
-    return max(t, max(done)) + sum(f for f, _ in times)
+    return max(ready_layer[0], max(done)) + sum(f for f, _ in times)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -214,12 +216,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--ddp",
         action="store_true",
         help="also a perfect torch DDP (25 MiB buckets) on Gloo and on fastps at each k",
-    )
-    p.add_argument(
-        "--ddp-gloo-measured",
-        type=float,
-        default=None,
-        help="a measured DDP-Gloo s/iter for the DDP ceiling column (one model and ratio)",
     )
     args = p.parse_args(argv)
     if args.ddp:
@@ -264,7 +260,6 @@ def _print_ddp(args: argparse.Namespace) -> int:
     print(
         f"{'model':8s} {'ratio':>5s} {'k':>2s} {'C s':>7s} {'buckets':>7s} "
         f"{'DDP-Gloo s':>10s} {'DDP-fastps s':>12s} {'fastps/Gloo':>11s}"
-        + (f" {'DDP ceiling':>11s}" if args.ddp_gloo_measured else "")
     )
     for name in args.models:
         model = em.spec(name)
@@ -275,13 +270,10 @@ def _print_ddp(args: argparse.Namespace) -> int:
             gloo = ddp_period(model, c, link_work(model, args.workers, 0, good, ring=True), buckets)
             for k in args.cpu_hosts:
                 fps = ddp_period(model, c, link_work(model, args.workers, k, good), buckets)
-                line = (
+                print(
                     f"{name:8s} {ratio:5g} {k:2d} {c:7.3f} {len(buckets):7d} "
                     f"{gloo:10.3f} {fps:12.3f} {gloo / fps:11.3f}"
                 )
-                if args.ddp_gloo_measured:
-                    line += f" {args.ddp_gloo_measured / fps:11.3f}"
-                print(line)
     return 0
 
 

@@ -19,6 +19,11 @@
 
 #include "common/errors.h"
 
+// Linux 6.15's cap on the retransmission timeout's backoff; older headers lack the name.
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44
+#endif
+
 namespace fastps {
 namespace {
 
@@ -63,6 +68,13 @@ void tune_socket(int fd, int notsent_lowat) {
   // scheduler can still put an urgent part ahead of it.
   if (notsent_lowat > 0)
     setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &notsent_lowat, sizeof(notsent_lowat));
+  // After a link outage TCP retransmits with a timeout that doubles each time, up to 120 s
+  // by default: a retransmission that falls into a second outage of a flapping link left a
+  // job waiting 15.7 s after the link was back (tests/rack/test_flaky_link.py). Capped at
+  // the smallest value Linux allows (1 s), a connection resumes within a second of a heal.
+  // Kernels before 6.15 refuse the option; they keep their own backoff.
+  int rto_max_ms = 1000;
+  setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &rto_max_ms, sizeof(rto_max_ms));
 }
 
 void set_pacing_rate(int fd, double bytes_per_s) {

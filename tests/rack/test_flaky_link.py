@@ -162,11 +162,8 @@ def test_flapping_link_no_wrong_sum_no_stuck_job() -> None:
         f"median {statistics.median(to_next):.2f} s, max {max(to_next):.2f} s; "
         f"longest gap {max(r[1] for r in rec):.2f} s (outage {DOWN_S:g} s)"
     )
-    # TCP's retransmission backoff after a 2 s outage resumes within about as long again.
-    # Not every time: a retransmission that falls into the next outage doubles the timeout
-    # again, and once (2026-11-30, in a core-tier run) the job waited 15.7 s
-    # after a heal, over three cycles. Typical heals must be quick, none a stall that rivals
-    # the job's end timeout. (A cap on the backoff, TCP_RTO_MAX_MS, is the product's fix.)
-    assert statistics.median(to_next) < DOWN_S + 3.0, rec
-    assert max(to_next) < 60.0, rec
+    # TCP's retransmission backoff after a 2 s outage resumes within about as long again
+    # (capped at 1 s, transport/socket.cc: without the cap a retransmission lost in the next
+    # outage once left the job waiting 15.7 s after a heal).
+    assert max(to_next) < DOWN_S + 3.0, rec
     assert find_stale(PREFIX) == []
