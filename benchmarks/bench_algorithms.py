@@ -15,7 +15,9 @@ r), with the same batch size per worker and the same number of epochs:
   (``LocalSGD``/``DiLoCo``, the outer step on the servers), ``fastps:local-fp16:H`` and
   ``fastps:diloco-fp16:H`` (the same with ``compression=fastps.Compression.fp16``: fp16
   deltas, the parameters answered uncompressed; ``-onebit-ef`` likewise for onebit with
-  error feedback);
+  error feedback), and each of these as ``overlap:H``, ``overlap-fp16:H``,
+  ``overlap-diloco:H``, ... (``overlap=True``: a round's exchange runs during the next H
+  local steps, its answer applied one round late);
 - peers, torch.distributed over Gloo: ``ddp:none`` (DistributedDataParallel),
   ``ddp:fp16`` (``fp16_compress_hook``), ``ddp:powersgd:R`` (``powerSGD_hook``, rank R, error
   feedback and warm start, compressing from ``--powersgd-frac`` of the run's steps; buckets in
@@ -138,6 +140,7 @@ class Method:
     kind: str
     param: int = 0
     spec: str = ""  # fastps: the core codec's spec (local/diloco: the deltas')
+    overlap: bool = False  # fastps local/diloco: the exchange hidden behind the next H steps
 
     @property
     def local(self) -> bool:
@@ -149,6 +152,7 @@ class Method:
         if self.kind == "onebit-adam":
             return "OneBitAdam"
         deltas = f", {self.spec} deltas" if self.local and self.spec else ""
+        deltas += ", overlapped (applied one round late)" if self.overlap else ""
         if self.kind in ("local", "postlocal"):
             return f"Adam inner, averaging every {self.param} steps{deltas}"
         if self.kind == "diloco":
@@ -164,10 +168,24 @@ DELTA_CODECS = {"fp16": "fp16", "onebit-ef": "onebit:ef"}
 
 def parse_method(name: str) -> Method:
     """``fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H|local-fp16:H|
-    diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H``,
-    ``ddp:none|fp16|powersgd:R|postlocal:H``, ``torchft:diloco:H``."""
+    diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H``, each local one also as
+    ``overlap-...`` (``overlap:H``, ``overlap-fp16:H``, ``overlap-diloco:H`` ...: the same
+    with ``overlap=True``), ``ddp:none|fp16|powersgd:R|postlocal:H``, ``torchft:diloco:H``."""
     system, _, rest = name.partition(":")
     kind, _, tail = rest.partition(":")
+    if system == "fastps" and (kind == "overlap" or kind.startswith("overlap-")):
+        inner = kind[len("overlap-") :] if kind != "overlap" else "local"
+        if not inner.startswith(("local", "diloco")):
+            inner = "local-" + inner  # overlap-fp16 is overlapped local SGD's fp16 deltas
+        try:
+            m = parse_method(f"fastps:{inner}:{tail}")
+        except ValueError:
+            raise ValueError(
+                f"unknown method {name!r}: overlap-X:H takes a local method X (local, diloco, "
+                "local-fp16, diloco-fp16, local-onebit-ef, diloco-onebit-ef; fp16 and "
+                "onebit-ef alone mean local's) and H >= 1"
+            ) from None
+        return Method(name, m.system, m.kind, m.param, spec=m.spec, overlap=True)
 
     def positive(text: str, what: str) -> int:
         if not text.isdigit() or int(text) < 1:
@@ -195,7 +213,7 @@ def parse_method(name: str) -> Method:
         return Method(name, system, kind, positive(tail, "H"))
     raise ValueError(
         f"unknown method {name!r} (fastps:none|fp16|onebit:ef|onebit-adam|local:H|diloco:H|"
-        "local-fp16:H|diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H, "
+        "local-fp16:H|diloco-fp16:H|local-onebit-ef:H|diloco-onebit-ef:H, overlap-<any local>, "
         "ddp:none|fp16|powersgd:R|postlocal:H, torchft:diloco:H)"
     )
 
@@ -273,13 +291,15 @@ class FastpsComm(Comm):
         elif m.kind in ("local", "diloco"):
             deltas = fastps.Compression.from_spec(m.spec) if m.spec else None
             algo = LocalSGD if m.kind == "local" else DiLoCo
-            self.algorithm = kwargs["algorithm"] = algo(H=m.param, compression=deltas)
+            self.algorithm = kwargs["algorithm"] = algo(
+                H=m.param, compression=deltas, overlap=m.overlap
+            )
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt
 
     def epoch_end(self) -> None:
-        if self.algorithm is not None and self.algorithm.local_steps:
+        if self.algorithm is not None and not self.algorithm.synced:
             self.algorithm.outer_step()
 
     def sum(self, values: List[float]) -> List[float]:

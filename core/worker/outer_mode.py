@@ -244,6 +244,9 @@ class OuterExchange:
         self._specs: Dict[str, str] = {}  # by parameter: its deltas' compressor ("": none)
         # One worker, no servers: the rule runs here, on float64 copies.
         self._local: Dict[str, Tuple[Any, np.ndarray]] = {}
+        # The round start() began and finish() has not waited for: ([(frame, out)],
+        # [(name, handle)]).
+        self._pending: Optional[Tuple[List[Tuple[_Framed, np.ndarray]], List[Any]]] = None
 
     @staticmethod
     def _alone() -> bool:
@@ -264,6 +267,11 @@ class OuterExchange:
     def init(self, named: Sequence[Tuple[str, np.ndarray]]) -> None:
         """Every worker's arrays become rank 0's, which the servers keep with a fresh outer
         optimizer state (no momentum yet)."""
+        if self._pending is not None:
+            raise FastPSError(
+                f"{self.what}: outer round {self.round} is still in flight (finish or "
+                "abandon it before init)"
+            )
         self._local = {}
         if self._alone():
             core = _core()
@@ -298,13 +306,31 @@ class OuterExchange:
         """One outer round: for each (name, delta, out) pushes ``delta`` (this worker's
         parameters minus those of the last outer step) and writes the parameters after the
         servers' outer step into ``out``. Blocks until every worker's delta is in."""
+        self.start(named)
+        self.finish()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a round started by :meth:`start` has not been finished yet."""
+        return self._pending is not None
+
+    def start(self, named: Sequence[Tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """Starts the outer round :meth:`step` describes and returns at once: the deltas are
+        packed (so the caller may change them), the exchange runs in the core's threads, and
+        each ``out`` is written by :meth:`finish`; keep the ``out`` arrays alive and
+        unread until then. One round at a time."""
+        if self._pending is not None:
+            raise FastPSError(
+                f"{self.what}: outer round {self.round} is still in flight (finish it first)"
+            )
         if self._alone():
+            # No servers: the rule runs here and now; finish() has nothing to wait for.
             for name, delta, out in named:
                 opt, master = self._local[name]
                 mean = np.array(delta, dtype=np.float64).reshape(-1)
                 opt.step(master.ctypes.data, mean.ctypes.data, master.size)
                 out.reshape(-1)[:] = master.astype(out.dtype)
-            self.round += 1
+            self._pending = ([], [])
             return
         if self.session is not api.session():
             raise FastPSError(
@@ -313,7 +339,7 @@ class OuterExchange:
         core = _core()
         handles = []
         frames = []
-        for name, delta, _out in named:
+        for name, delta, out in named:
             f = self._frames.get(name)
             if f is None:
                 raise FastPSError(f"{self.what}: parameter '{name}' was never initialized")
@@ -322,12 +348,26 @@ class OuterExchange:
                 f.pack_compressed(delta, self.round, self.config, spec, self._ef, api.rank())
             else:
                 f.pack(delta, core.OUTER_DELTA, self.round, self.config)
-            frames.append(f)
+            frames.append((f, out))
             handles.append((name, self._start(f, MODE_UPDATE, True)))
+        self._pending = (frames, handles)
+
+    def finish(self) -> None:
+        """Waits for the round :meth:`start` began (the core's op timeout) and writes the
+        parameters after the servers' outer step into each ``out``."""
+        if self._pending is None:
+            raise FastPSError(f"{self.what}: no outer round is in flight")
+        frames, handles = self._pending
+        self._pending = None  # a failed wait leaves no round to finish again
         self._wait(handles)
-        for f, (_name, _delta, out) in zip(frames, named):
+        for f, out in frames:
             f.unpack(out, self.round + 1, self.what)
         self.round += 1
+
+    def abandon(self) -> None:
+        """Forgets a round in flight without waiting (its session is gone: an elastic
+        reset); the frames are laid out again by the next :meth:`init`."""
+        self._pending = None
 
     def _spec_of(self, f: _Framed) -> str:
         if self.compression is None:

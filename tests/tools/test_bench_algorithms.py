@@ -19,8 +19,14 @@ from benchmarks import rack_common as rc
 
 ROOT = Path(__file__).resolve().parents[2]
 # One job per code path the rack run takes: fastps's synchronous path, an algorithm with
-# the outer step on the servers, and a DDP peer with a comm hook and a model averager.
-SMOKE_METHODS = ["fastps:none", "fastps:diloco:2", "ddp:postlocal:2"]
+# the outer step on the servers (also overlapped, with compressed deltas), and a DDP peer
+# with a comm hook and a model averager.
+SMOKE_METHODS = [
+    "fastps:none",
+    "fastps:diloco:2",
+    "fastps:overlap-fp16:2",
+    "ddp:postlocal:2",
+]
 
 
 def test_tiny_run_on_loopback_gives_a_number_for_every_method(
@@ -109,3 +115,15 @@ def test_methods_are_parsed_or_refused_by_name() -> None:
         ba.parse_method("fastps:local:0")
     with pytest.raises(ValueError, match="unknown method 'ddp:topk'"):
         ba.parse_method("ddp:topk")
+    m = ba.parse_method("fastps:overlap:8")
+    assert (m.kind, m.param, m.spec, m.overlap) == ("local", 8, "", True)
+    m = ba.parse_method("fastps:overlap-fp16:4")
+    assert (m.kind, m.param, m.spec, m.overlap) == ("local", 4, "fp16", True)
+    m = ba.parse_method("fastps:overlap-diloco-onebit-ef:2")
+    assert (m.kind, m.param, m.spec, m.overlap) == ("diloco", 2, "onebit:ef", True)
+    assert not ba.parse_method("fastps:local-fp16:4").overlap
+    assert "overlapped" in ba.parse_method("fastps:overlap:8").optimizer()
+    with pytest.raises(ValueError, match="unknown method 'fastps:overlap-topk:2'"):
+        ba.parse_method("fastps:overlap-topk:2")
+    with pytest.raises(ValueError, match="unknown method 'fastps:overlap:0'"):
+        ba.parse_method("fastps:overlap:0")

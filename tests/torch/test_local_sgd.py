@@ -6,7 +6,7 @@ crosses a socket) drop about H-fold; every replica ends with the same parameters
 settings are refused naming the culprit.
 
 This file is also the training worker: ``python test_local_sgd.py train ALGO H EPOCHS``
-(ALGO: sync, local or diloco), run by ``fastpsrun -np 2``.
+(ALGO: sync, local, diloco or overlap: ``LocalSGD(H, overlap=True)``), run by ``fastpsrun -np 2``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def train(algo: str, h: int, epochs: int) -> int:
         algorithm = LocalSGD(H=h)
     elif algo == "diloco":
         algorithm = DiLoCo(H=h)
+    elif algo == "overlap":
+        algorithm = LocalSGD(H=h, overlap=True)
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), algorithm=algorithm
     )
@@ -59,7 +61,7 @@ def train(algo: str, h: int, epochs: int) -> int:
             optimizer.zero_grad()
             F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
             optimizer.step()
-    if isinstance(algorithm, LocalSGD) and algorithm.local_steps:
+    if isinstance(algorithm, LocalSGD) and not algorithm.synced:
         algorithm.outer_step()  # the last local steps, so every replica is the same model
     sent = api.data_path_stats()["socket_bytes_sent"] - sent0
     with torch.no_grad():
@@ -77,10 +79,11 @@ def train(algo: str, h: int, epochs: int) -> int:
     return 0
 
 
-def elastic(steps: int) -> int:
+def elastic(steps: int, overlap: bool = False) -> int:
     """LocalSGD(H=2) under elastic training: the worker on slot localhost:0 SIGKILLs itself
     in step 5, after the commit of step 4's outer step; the survivors roll back to it and
-    go on in a generation with new servers, which the next outer step starts again."""
+    go on in a generation with new servers, which the next outer step starts again.
+    ``overlap``: LocalSGD(H=2, overlap=True), whose round in flight dies with the worker."""
     import os
     import signal
 
@@ -91,7 +94,7 @@ def elastic(steps: int) -> int:
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1).double()
-    algo = LocalSGD(H=2)
+    algo = LocalSGD(H=2, overlap=overlap)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05),
         named_parameters=model.named_parameters(),
@@ -117,9 +120,112 @@ def elastic(steps: int) -> int:
                 state.commit()
 
     loop(state)
+    if not algo.synced:
+        algo.outer_step()  # overlap: the last round's answer
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     print(f"DONE size={hvd.size()} outer={algo.outer_steps} DIGEST {digest}", flush=True)
+    hvd.shutdown()
+    return 0
+
+
+def overlap(algo_name: str, h: int, steps: int) -> int:
+    """``LocalSGD``/``DiLoCo(H=h, overlap=True)`` on a float64 linear model, checked after
+    every step against the algorithm simulated here for every rank (the outer rule is the
+    servers' own ``OuterOptimizer``); a last ``outer_step()`` must leave one model."""
+    import fastps.torch as hvd
+    import numpy as np
+    import torch
+    from fastps import _core
+    from fastps.torch.algorithms.local_sgd import DiLoCo, LocalSGD
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    cls = LocalSGD if algo_name == "local" else DiLoCo
+    algo = cls(H=h, overlap=True)
+    lr, mom, nest = algo.config.lr, algo.config.momentum, algo.config.nesterov
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 1).double()
+        return m, torch.optim.SGD(m.parameters(), lr=0.05)
+
+    def sgd_step(m: Any, o: Any, r: int, step: int) -> None:
+        g = torch.Generator().manual_seed(1000 + step + 17 * r)
+        x = torch.randn(6, 8, generator=g, dtype=torch.float64)
+        o.zero_grad()
+        ((m(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
+        o.step()
+
+    def flat(m: Any) -> Any:
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()]).numpy().copy()
+
+    def put(m: Any, v: Any) -> None:
+        at = 0
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.from_numpy(v[at : at + p.numel()]).reshape(p.shape))
+                at += p.numel()
+
+    model, inner = build()
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(), algorithm=algo)
+    # The reference: every rank's replica, the servers' parameters g and their outer rule.
+    refs = [build() for _ in range(size)]
+    g = flat(refs[0][0]).astype(np.float64)
+    rule = _core.OuterOptimizer(lr, mom, nest)
+    anchor = [g.copy() for _ in range(size)]
+    pushed: Any = None  # each replica when the round in flight began
+    answer: Any = None  # that round's result
+    local = 0
+
+    def outer(deltas: Any) -> Any:
+        mean = np.mean(np.stack(deltas), axis=0)
+        rule.step(g.ctypes.data, mean.ctypes.data, g.size)
+        return g.copy()
+
+    def land() -> None:
+        for r in range(size):
+            put(refs[r][0], answer + flat(refs[r][0]) - pushed[r])
+            anchor[r] = answer.copy()
+
+    worst = spread = 0.0  # spread: how far the replicas drifted apart between rounds
+    for step in range(steps):
+        sgd_step(model, opt, rank, step)
+        for r in range(size):
+            sgd_step(*refs[r], r, step)
+        local += 1
+        if local == h:
+            if answer is not None:
+                land()
+            answer = outer([flat(refs[r][0]) - anchor[r] for r in range(size)])
+            pushed = [flat(refs[r][0]) for r in range(size)]
+            anchor = [v.copy() for v in pushed]
+            local = 0
+            assert not algo.synced, "an overlapped round must leave its exchange in flight"
+        worst = max(worst, float(np.abs(flat(model) - flat(refs[rank][0])).max()))
+        spread = max(
+            [spread]
+            + [float(np.abs(flat(refs[0][0]) - flat(refs[r][0])).max()) for r in range(size)]
+        )
+    algo.outer_step()
+    assert algo.synced
+    if answer is not None:
+        land()
+    if local:
+        g_end = outer([flat(refs[r][0]) - anchor[r] for r in range(size)])
+        for r in range(size):
+            put(refs[r][0], g_end)
+    worst = max(worst, float(np.abs(flat(model) - flat(refs[rank][0])).max()))
+    final_spread = max(
+        float(np.abs(flat(refs[0][0]) - flat(refs[r][0])).max()) for r in range(size)
+    )
+    assert final_spread == 0.0, final_spread
+    digest = hashlib.sha256(flat(model).tobytes()).hexdigest()
+    print(
+        f"RANK {rank} WORST {worst:.3e} OUTER {algo.outer_steps} SPREAD {spread:.3e} "
+        f"DIGEST {digest}",
+        flush=True,
+    )
     hvd.shutdown()
     return 0
 
@@ -152,7 +258,9 @@ if __name__ != "__main__":
         return _runs[(algo, h)]
 
     @pytest.mark.slow
-    @pytest.mark.parametrize(("algo", "h"), [("local", 4), ("diloco", 4), ("diloco", 8)])
+    @pytest.mark.parametrize(
+        ("algo", "h"), [("local", 4), ("diloco", 4), ("diloco", 8), ("overlap", 8)]
+    )
     def test_digits_close_to_sync_with_h_fold_fewer_bytes(
         subprocess_env: Dict[str, str], algo: str, h: int
     ) -> None:
@@ -165,8 +273,9 @@ if __name__ != "__main__":
         assert sync_bytes / sent <= 1.2 * h, (sync_bytes, sent)
 
     @pytest.mark.slow
+    @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
     def test_elastic_generation_restarts_the_outer_optimizer(
-        subprocess_env: Dict[str, str], tmp_path: Path
+        subprocess_env: Dict[str, str], tmp_path: Path, overlap: bool
     ) -> None:
         discover = tmp_path / "discover.sh"
         discover.write_text("#!/bin/sh\necho localhost:3\n")
@@ -177,6 +286,7 @@ if __name__ != "__main__":
             Path(__file__),
             "elastic",
             "16",
+            *(["overlap"] if overlap else []),
             np=3,
             env=dict(subprocess_env, FASTPS_OP_TIMEOUT="60"),
             timeout=300,
@@ -190,7 +300,43 @@ if __name__ != "__main__":
         assert [(s, o) for s, o, _d in done] == [("2", "8")] * 2, res.stdout[-4000:]
         assert len({d for _s, _o, d in done}) == 1, done
         # The local step count restarted with the rollback: outer steps stay on even steps.
-        assert re.search(r"STEP 6 size=2 local=0", res.stdout), res.stdout[-4000:]
+        if not overlap:
+            assert re.search(r"STEP 6 size=2 local=0", res.stdout), res.stdout[-4000:]
+        else:
+            # Step 6's round starts without waiting, so the survivors finish step 6 in
+            # generation 0 and commit; the dead worker shows when they land that round at
+            # step 8, and they roll back to step 6.
+            assert re.search(r"STEP 6 size=3 local=0", res.stdout), res.stdout[-4000:]
+            assert re.search(r"STEP 7 size=2 local=1", res.stdout), res.stdout[-4000:]
+            assert not re.search(r"STEP 6 size=2", res.stdout), res.stdout[-4000:]
+
+    @pytest.mark.parametrize(("algo", "h", "steps"), [("local", 3, 11), ("diloco", 2, 9)])
+    def test_overlap_applies_each_round_one_round_late(
+        subprocess_env: Dict[str, str], algo: str, h: int, steps: int
+    ) -> None:
+        res = fastpsrun(
+            Path(__file__),
+            "overlap",
+            algo,
+            str(h),
+            str(steps),
+            np=2,
+            env=dict(subprocess_env, FASTPS_OP_TIMEOUT="60"),
+            timeout=180,
+        )
+        assert res.returncode == 0, res.stdout[-4000:]
+        got = re.findall(r"RANK (\d) WORST (\S+) OUTER (\d+) SPREAD (\S+) DIGEST (\w+)", res.stdout)
+        assert len(got) == 2, res.stdout[-4000:]
+        for _rank, worst, outer, _spread, _digest in got:
+            # Every step's parameters are the simulated algorithm's (float64; the servers
+            # sum in another order than numpy's mean).
+            assert float(worst) < 1e-12, got
+            # The rounds of the loop plus the final sync's (none if it had no step left).
+            assert int(outer) == steps // h + (1 if steps % h else 0), got
+        # The replicas did differ between rounds (the exchange really overlapped), and the
+        # final outer_step() made them one model.
+        assert float(got[0][3]) > 1e-6, got
+        assert len({d for *_x, d in got}) == 1, got
 
     def test_bad_settings_name_the_culprit() -> None:
         from algorithm_refusals import assert_local_sgd_refusals
@@ -215,4 +361,6 @@ if __name__ != "__main__":
 if __name__ == "__main__" and sys.argv[1:2] == ["train"]:
     sys.exit(train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
 if __name__ == "__main__" and sys.argv[1:2] == ["elastic"]:
-    sys.exit(elastic(int(sys.argv[2])))
+    sys.exit(elastic(int(sys.argv[2]), sys.argv[3:4] == ["overlap"]))
+if __name__ == "__main__" and sys.argv[1:2] == ["overlap"]:
+    sys.exit(overlap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

@@ -23,6 +23,13 @@ True)``, ...; also given as ``DistributedOptimizer(..., compression=c)``) sends 
 compressed; the servers decode them before the outer step and answer with the parameters,
 uncompressed. Quorum rounds (FASTPS_ROUND_QUORUM) close an outer round with the first k
 deltas (docs/guide/local-sgd.md, "Composition").
+
+``overlap=True`` hides the exchange behind the next ``H`` local steps (overlapped local SGD,
+as in CoCoD-SGD, Shen et al. 2019, and Overlap Local-SGD, Wang et al. 2020): a round starts
+and training goes on; its answer is applied at the next round, keeping the local progress
+made meanwhile (x <- answer + x - x at the round's start). Each worker then holds the
+servers' parameters of the previous round plus its own steps since; ``outer_step()`` waits
+and syncs every replica to one model (before evaluating or checkpointing).
 """
 
 from __future__ import annotations
@@ -62,6 +69,13 @@ class _Slot:
         self.staged = not on_host
         self.anchor = self.host.clone()
         self.delta = torch.empty_like(self.host)
+        # Overlapped rounds only: where the servers' answer lands while training goes on.
+        self.answer: Optional[torch.Tensor] = None
+
+    def answer_buffer(self) -> torch.Tensor:
+        if self.answer is None:
+            self.answer = torch.empty_like(self.host)
+        return self.answer
 
     def stage(self) -> None:
         if self.staged:
@@ -79,7 +93,9 @@ class LocalSGD(Algorithm):
 
     Every rank must take the same number of steps; :meth:`outer_step` syncs at once (e.g.
     before evaluating, when the step count is not a multiple of ``H``). ``compression``: a
-    core compressor for the deltas (None: uncompressed)."""
+    core compressor for the deltas (None: uncompressed). ``overlap``: a round's exchange
+    runs during the next ``H`` local steps and its answer is applied one round late
+    (module doc); ``synced`` tells whether the replicas hold one model."""
 
     def __init__(
         self,
@@ -88,9 +104,16 @@ class LocalSGD(Algorithm):
         momentum: float = 0.0,
         nesterov: bool = False,
         compression: Any = None,
+        overlap: bool = False,
     ) -> None:
         self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
+        if not isinstance(overlap, bool):
+            raise TypeError(
+                f"{type(self).__name__}: overlap must be True or False, got {overlap!r}"
+            )
         self.H = H
+        self.overlap = overlap
+        self._rebase = False  # overlap: take the anchor from the parameters at the next round
         self.compression: Any = None
         if compression is not None:
             self.adopt_compression(compression)
@@ -100,7 +123,8 @@ class LocalSGD(Algorithm):
         self._exchange: Optional[_outer.OuterExchange] = None
 
     def __repr__(self) -> str:
-        return _args.local_sgd_repr(type(self).__name__, self.H, self.config, self.compression)
+        text = _args.local_sgd_repr(type(self).__name__, self.H, self.config, self.compression)
+        return text[:-1] + ", overlap=True)" if self.overlap else text
 
     def adopt_compression(self, compression: Any) -> None:
         """Takes ``DistributedOptimizer(..., compression=c)`` for the deltas (before
@@ -128,17 +152,43 @@ class LocalSGD(Algorithm):
     def on_gradient(self, p: Any) -> None:
         """Local steps: the gradient stays on this worker."""
 
+    @property
+    def synced(self) -> bool:
+        """Whether every replica holds the same parameters now: no local step since the
+        last outer step and (``overlap``) no round in flight. :meth:`outer_step` makes it so."""
+        ex = self._exchange
+        return self.local_steps == 0 and not (ex is not None and ex.in_flight)
+
+    def before_backward(self) -> None:
+        if self._rebase:
+            # After an elastic reset the state sync gave every rank rank 0's committed
+            # parameters: the next delta counts from them.
+            self._rebase = False
+            with torch.no_grad():
+                for s in self._slots:
+                    s.stage()
+                    s.anchor.copy_(s.host)
+
     def after_step(self) -> None:
         self.local_steps += 1
         if self.local_steps >= self.H:
-            self.outer_step()
+            if self.overlap:
+                self._overlapped_round()
+            else:
+                self.outer_step()
 
     def on_reset(self) -> None:
         """An elastic reset callback (``state.register_reset_callbacks([algo.on_reset])``):
         the state rolls back to the last commit, which the loop takes right after an outer
         step (``local_steps == 0``), so the local steps count from zero again. The new
-        generation's servers are started at the next outer step (:meth:`outer_step`)."""
+        generation's servers are started at the next outer step (:meth:`outer_step`).
+        ``overlap``: the round in flight died with its session; the next delta counts from
+        the parameters the state sync restores (rank 0's)."""
         self.local_steps = 0
+        if self.overlap:
+            if self._exchange is not None:
+                self._exchange.abandon()
+            self._rebase = True
 
     def reset_parameters(self) -> None:
         """Rank 0's parameters become every worker's and the servers' (the outer optimizer
@@ -147,6 +197,9 @@ class LocalSGD(Algorithm):
         ex = self._exchange
         if ex is None:
             raise FastPSError(f"algorithm {self.name}: not set up (build the DistributedOptimizer)")
+        if ex.in_flight:
+            ex.finish()  # every rank takes part in the round in flight; its answer is void
+        self._rebase = False
         with torch.no_grad():
             for s in self._slots:
                 s.stage()
@@ -158,10 +211,16 @@ class LocalSGD(Algorithm):
 
     def outer_step(self) -> None:
         """Pushes this worker's delta since the last outer step and loads the parameters
-        after the servers' outer step (every rank must call it alike)."""
+        after the servers' outer step (every rank must call it alike). ``overlap``: first
+        waits for the round in flight, then takes a blocking round of the steps since it
+        began, so that afterwards every replica holds the same parameters."""
         ex = self._exchange
         if ex is None:
             raise FastPSError(f"algorithm {self.name}: not set up (build the DistributedOptimizer)")
+        if self.overlap and ex.in_flight:
+            self._land_round(ex)
+            if self.local_steps == 0:
+                return  # no step since that round began: every replica holds its answer
         with torch.no_grad():
             for s in self._slots:
                 s.stage()
@@ -178,6 +237,41 @@ class LocalSGD(Algorithm):
         self.local_steps = 0
         self.outer_steps += 1
 
+    def _land_round(self, ex: _outer.OuterExchange) -> None:
+        """Waits for the round in flight and moves this worker onto its result, keeping the
+        local progress made since the round began: x <- answer + (x - x at its start).
+        Afterwards ``anchor`` is the answer, so the next delta is that local progress."""
+        ex.finish()
+        with torch.no_grad():
+            for s in self._slots:
+                assert s.answer is not None
+                s.stage()
+                s.host.sub_(s.anchor).add_(s.answer)  # anchor: x when the round began
+                s.anchor.copy_(s.answer)
+                s.load()
+
+    def _overlapped_round(self) -> None:
+        """An outer round that does not stop training (``overlap=True``): land the previous
+        round (its answer arrived during the last H local steps), then start this one with
+        the delta since that round's answer and go on training from the current parameters;
+        its answer is applied at the next round. Every worker trains on the mean of the
+        workers' progress up to the previous round plus its own progress since then."""
+        ex = self._exchange
+        assert ex is not None
+        if ex.in_flight:
+            self._land_round(ex)
+        with torch.no_grad():
+            for s in self._slots:
+                s.stage()
+                torch.sub(s.host, s.anchor, out=s.delta)
+            if ex.session is not None and ex.session is not _api.session():
+                ex.init([(s.name, s.anchor.numpy()) for s in self._slots])
+            ex.start([(s.name, s.delta.numpy(), s.answer_buffer().numpy()) for s in self._slots])
+            for s in self._slots:
+                s.anchor.copy_(s.host)  # x at this round's start, for _land_round
+        self.local_steps = 0
+        self.outer_steps += 1
+
 
 class DiLoCo(LocalSGD):
     """DiLoCo: ``H`` inner steps (typically AdamW), then SGD with Nesterov momentum on the
@@ -190,7 +284,13 @@ class DiLoCo(LocalSGD):
         momentum: float = 0.9,
         nesterov: bool = True,
         compression: Any = None,
+        overlap: bool = False,
     ) -> None:
         super().__init__(
-            H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov, compression=compression
+            H,
+            outer_lr=outer_lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            compression=compression,
+            overlap=overlap,
         )
