@@ -580,7 +580,7 @@ class _GradientSync:
             self._start(e)
         self._plan_fusion()
 
-    def _plan_fusion(self) -> None:
+    def _plan_fusion(self, averaged: Optional[Any] = None) -> None:
         """Fuses the small gradients from the next step on (csrc/worker/fusion.h).
 
         Called once every gradient of a step has started, so every rank reaches it after
@@ -588,6 +588,8 @@ class _GradientSync:
         buckets it leaves half-filled with zeros for the missing members on every rank
         alike. The rows are what the first step pushed: dense gradients, with their agreed
         priorities; sparse ones and compressed ones (another dtype on the wire) travel alone.
+        ``averaged``: under an algorithm, the indexes of the parameters whose gradient it
+        averaged this round (the others are not gradients a plan may name).
         """
         if not (self.direct and self.active and self.agreed is not None):
             return
@@ -600,6 +602,8 @@ class _GradientSync:
         sfb = self.sfb
         strided = torch.strided
         for e in self.entries:
+            if averaged is not None and e.index not in averaged:
+                continue
             p = e.param
             g = p.grad
             if g is None or not p.requires_grad or g.layout != strided:
@@ -1179,10 +1183,6 @@ def DistributedOptimizer(
     return wrapped
 
 
-def _no_fusion() -> None:
-    """An algorithm's exchanges are not the gradients a fusion plan would name."""
-
-
 def _attach(sync: _GradientSync, algo: Any, wrapped: Any) -> None:
     """Hands the gradient hooks of ``sync`` to ``algo`` (algorithms/runner.py)."""
     runner = Runner(algo, sync, wrapped)
@@ -1195,4 +1195,11 @@ def _attach(sync: _GradientSync, algo: Any, wrapped: Any) -> None:
     # Instance attributes in front of the methods: the averaging path keeps its own code
     # and pays nothing for the algorithm API.
     sync._start = runner.start  # type: ignore[method-assign]
-    sync._plan_fusion = _no_fusion  # type: ignore[method-assign]
+
+    # Fusion names only the gradients the algorithm averaged through the built-in path this
+    # round (Context.average): its other exchanges carry names of their own. A round that
+    # averages another set replaces the plan, which pushes the buckets left half-filled.
+    def plan_fusion(averaged: Optional[Any] = None) -> None:
+        type(sync)._plan_fusion(sync, runner.take_averaged())
+
+    sync._plan_fusion = plan_fusion  # type: ignore[method-assign]

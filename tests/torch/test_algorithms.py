@@ -5,6 +5,9 @@ workers (``fastpsrun``), over TCP and over shared memory:
   parameters', which each worker keeps to itself), trains to the parameters of a one-process
   reference of both workers (float64): the averaged parameters equal on both ranks, the
   local ones different and each equal to its own worker's reference;
+* tensor fusion follows what the algorithm averages: one bucket a round once the set is
+  known, and a round averaging another set (a layer kept local every other round) replaces
+  the plan without a hang or a wrong sum;
 * the hooks run in the documented order, once per round (before_backward, one on_gradient
   per parameter, after_backward, after_step), and an algorithm that averages through
   ``ctx.push_pull`` into buffers of its own, plus ``ctx.allreduce`` in ``after_step``, gives
@@ -115,6 +118,74 @@ def check_worked_example(rank: int, size: int) -> None:
         same = bool(torch.equal(gathered[n][0], gathered[n][1]))
         assert same == (n not in local), (n, same)
     print(f"rank {rank} ALGO OK worked-example", flush=True)
+
+
+def check_fusion_follows_averaged(rank: int, size: int) -> None:
+    """Tensor fusion under an algorithm: the gradients it averages through ``ctx.average``
+    travel fused from its second round on, and a round that averages another set (here,
+    the output layer kept local every other round) replaces the plan without a hang and
+    without touching the sums (float64 reference)."""
+    import fastps.torch as hvd
+    import torch
+    import torch.nn.functional as F
+    from fastps.torch.algorithms import Algorithm, Param
+    from fastps.worker import api
+
+    head = {"2.weight", "2.bias"}
+
+    class Alternate(Algorithm):
+        def __init__(self, alternate: bool) -> None:
+            self.alternate = alternate
+
+        def on_gradient(self, p: Param) -> None:
+            if not (self.alternate and self.ctx.step % 2 == 1 and p.name in head):
+                self.ctx.average(p)
+
+    def pushes() -> int:  # parts this worker handed on, whichever path took them
+        st = api.data_path_stats()
+        keys = ("pushed_shm", "pushed_socket", "reduced_locally", "contributed_shm")
+        return sum(int(st[k]) for k in keys + ("contributed_socket",))
+
+    for alternate in (False, True):
+        model = _model()
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            algorithm=Alternate(alternate),
+        )
+        refs = [_model() for _ in range(size)]
+        counts = []
+        for step in range(6):
+            before = pushes()
+            opt.zero_grad()
+            x, y = _batch(rank, step)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            counts.append(pushes() - before)
+            local = head if alternate and step % 2 == 1 else set()
+            grads = []
+            for r, ref in enumerate(refs):
+                ref.zero_grad()
+                xr, yr = _batch(r, step)
+                F.cross_entropy(ref(xr), yr).backward()
+                grads.append({n: q.grad.clone() for n, q in ref.named_parameters()})
+            with torch.no_grad():
+                for r, ref in enumerate(refs):
+                    for n, q in ref.named_parameters():
+                        g = grads[r][n] if n in local else sum(gr[n] for gr in grads) / size
+                        q.add_(g, alpha=-0.1)
+        for n, q in model.named_parameters():
+            torch.testing.assert_close(
+                q.detach(), dict(refs[rank].named_parameters())[n].detach(), rtol=1e-12, atol=1e-12
+            )
+        if not alternate:
+            # Four gradients pushed alone in the first round, one bucket after.
+            assert counts[0] == 4 and max(counts[1:]) == 1, counts
+        else:
+            # Odd rounds: two of the four, so the plan of all four is replaced (its bucket
+            # pushed half zeros); even rounds: the two-member plan's bucket and two alone.
+            assert counts == [4, 1, 3, 1, 3, 1], counts
+    print(f"rank {rank} ALGO OK fusion", flush=True)
 
 
 def check_hooks_and_push_pull(rank: int, size: int) -> None:
@@ -234,6 +305,7 @@ def worker() -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     check_worked_example(rank, size)
+    check_fusion_follows_averaged(rank, size)
     check_hooks_and_push_pull(rank, size)
     check_refusals(rank)
     hvd.shutdown()
@@ -250,7 +322,7 @@ def test_algorithm_api(subprocess_env: Dict[str, str], path: str) -> None:
     env = dict(subprocess_env, **PATHS[path])
     res = fastpsrun(Path(__file__), "worker", env=env, timeout=240)
     assert res.returncode == 0, res.stdout[-6000:]
-    for what in ("worked-example", "hooks-push-pull", "refusals"):
+    for what in ("worked-example", "fusion", "hooks-push-pull", "refusals"):
         assert len(lines_of(res.stdout, f"ALGO OK {what}")) == 2, (what, res.stdout[-6000:])
 
 

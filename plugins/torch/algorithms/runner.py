@@ -70,6 +70,9 @@ class Runner(Context):
         self._params: List[Param] = []
         self.open = False  # before_backward ran for the current round
         self.handed: Set[int] = set()  # entries handed to on_gradient this round
+        # Entries averaged through the built-in path this round (average()): the fusion
+        # plan's rows (optimizer.py _attach).
+        self.averaged: Set[int] = set()
 
     # ------------------------------------------------------------------ Context
 
@@ -106,7 +109,9 @@ class Runner(Context):
 
     def average(self, p: Param) -> None:
         sync = self._live()
-        type(sync)._start(sync, self._entry(sync, p))  # the class's, not the runner's
+        e = self._entry(sync, p)
+        type(sync)._start(sync, e)  # the class's, not the runner's
+        self.averaged.add(e.index)
 
     def push_pull(
         self,
@@ -172,6 +177,12 @@ class Runner(Context):
         """An elastic reset dropped the round's exchanges."""
         self.open = False
         self.handed.clear()
+        self.averaged.clear()
+
+    def take_averaged(self) -> Set[int]:
+        """The entries averaged this round, and a fresh set for the next."""
+        taken, self.averaged = self.averaged, set()
+        return taken
 
     # ------------------------------------------------------------------ helpers
 
