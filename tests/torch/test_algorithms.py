@@ -78,6 +78,25 @@ def _batch(rank: int, step: int) -> Any:
     )
 
 
+def _reference_step(refs: List[Any], step: int, local: Set[str]) -> None:
+    """One SGD step (lr 0.1) of every worker's model in this process: the parameters named
+    in ``local`` on their own worker's gradient, the others on the mean gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    grads: List[Dict[str, Any]] = []
+    for r, ref in enumerate(refs):
+        ref.zero_grad()
+        xr, yr = _batch(r, step)
+        F.cross_entropy(ref(xr), yr).backward()
+        grads.append({n: p.grad.clone() for n, p in ref.named_parameters()})
+    with torch.no_grad():
+        for r, ref in enumerate(refs):
+            for n, p in ref.named_parameters():
+                g = grads[r][n] if n in local else sum(gr[n] for gr in grads) / len(refs)
+                p.add_(g, alpha=-0.1)
+
+
 def check_worked_example(rank: int, size: int) -> None:
     import fastps.torch as hvd
     import torch
@@ -98,17 +117,7 @@ def check_worked_example(rank: int, size: int) -> None:
         x, y = _batch(rank, step)
         F.cross_entropy(model(x), y).backward()
         opt.step()
-        grads: List[Dict[str, torch.Tensor]] = []
-        for r, ref in enumerate(refs):
-            ref.zero_grad()
-            xr, yr = _batch(r, step)
-            F.cross_entropy(ref(xr), yr).backward()
-            grads.append({n: p.grad.clone() for n, p in ref.named_parameters()})
-        with torch.no_grad():
-            for r, ref in enumerate(refs):
-                for n, p in ref.named_parameters():
-                    g = grads[r][n] if n in local else sum(gr[n] for gr in grads) / size
-                    p.add_(g, alpha=-0.1)
+        _reference_step(refs, step, local)
     mine = dict(model.named_parameters())
     gathered = {n: hvd.allgather(p.detach().unsqueeze(0), name=f"ex.{n}") for n, p in mine.items()}
     for n, p in mine.items():
@@ -162,18 +171,7 @@ def check_fusion_follows_averaged(rank: int, size: int) -> None:
             F.cross_entropy(model(x), y).backward()
             opt.step()
             counts.append(pushes() - before)
-            local = head if alternate and step % 2 == 1 else set()
-            grads = []
-            for r, ref in enumerate(refs):
-                ref.zero_grad()
-                xr, yr = _batch(r, step)
-                F.cross_entropy(ref(xr), yr).backward()
-                grads.append({n: q.grad.clone() for n, q in ref.named_parameters()})
-            with torch.no_grad():
-                for r, ref in enumerate(refs):
-                    for n, q in ref.named_parameters():
-                        g = grads[r][n] if n in local else sum(gr[n] for gr in grads) / size
-                        q.add_(g, alpha=-0.1)
+            _reference_step(refs, step, head if alternate and step % 2 == 1 else set())
         for n, q in model.named_parameters():
             torch.testing.assert_close(
                 q.detach(), dict(refs[rank].named_parameters())[n].detach(), rtol=1e-12, atol=1e-12

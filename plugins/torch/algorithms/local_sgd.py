@@ -222,20 +222,24 @@ class LocalSGD(Algorithm):
             if self.local_steps == 0:
                 return  # no step since that round began: every replica holds its answer
         with torch.no_grad():
-            for s in self._slots:
-                s.stage()
-                torch.sub(s.host, s.anchor, out=s.delta)
-            if ex.session is not None and ex.session is not _api.session():
-                # An elastic membership change brought new servers holding nothing: they
-                # start from rank 0's anchor (the survivors' common last outer step), then
-                # take this round's deltas; the outer momentum restarts from zero.
-                ex.init([(s.name, s.anchor.numpy()) for s in self._slots])
+            self._take_deltas(ex)
             ex.step([(s.name, s.delta.numpy(), s.host.numpy()) for s in self._slots])
             for s in self._slots:
                 s.load()
                 s.anchor.copy_(s.host)
         self.local_steps = 0
         self.outer_steps += 1
+
+    def _take_deltas(self, ex: _outer.OuterExchange) -> None:
+        """Each slot's delta: its parameters now minus its anchor (under no_grad)."""
+        for s in self._slots:
+            s.stage()
+            torch.sub(s.host, s.anchor, out=s.delta)
+        if ex.session is not None and ex.session is not _api.session():
+            # An elastic membership change brought new servers holding nothing: they start
+            # from rank 0's anchor (the survivors' common last outer step), then take this
+            # round's deltas; the outer momentum restarts from zero.
+            ex.init([(s.name, s.anchor.numpy()) for s in self._slots])
 
     def _land_round(self, ex: _outer.OuterExchange) -> None:
         """Waits for the round in flight and moves this worker onto its result, keeping the
@@ -261,11 +265,7 @@ class LocalSGD(Algorithm):
         if ex.in_flight:
             self._land_round(ex)
         with torch.no_grad():
-            for s in self._slots:
-                s.stage()
-                torch.sub(s.host, s.anchor, out=s.delta)
-            if ex.session is not None and ex.session is not _api.session():
-                ex.init([(s.name, s.anchor.numpy()) for s in self._slots])
+            self._take_deltas(ex)
             ex.start([(s.name, s.delta.numpy(), s.answer_buffer().numpy()) for s in self._slots])
             for s in self._slots:
                 s.anchor.copy_(s.host)  # x at this round's start, for _land_round
