@@ -222,13 +222,15 @@ def local_sgd_config(
     return _outer.OuterConfig(float(outer_lr), float(momentum), nesterov)
 
 
-def local_sgd_repr(who: str, H: int, config: _outer.OuterConfig, compression: Any) -> str:
-    """A LocalSGD's repr, the same in every plugin (``compression`` shown when set)."""
-    extra = f", compression={compression!r}" if compression is not None else ""
-    return (
-        f"{who}(H={H}, outer_lr={config.lr}, momentum={config.momentum}, "
-        f"nesterov={config.nesterov}{extra})"
-    )
+def overlap_flag(who: str, overlap: Any) -> bool:
+    """A LocalSGD's ``overlap`` argument, checked (the same in every plugin)."""
+    if not isinstance(overlap, bool):
+        raise TypeError(f"{who}: overlap must be True or False, got {overlap!r}")
+    return overlap
+
+
+# Defined beside the rounds, which show it too.
+local_sgd_repr = _outer.local_sgd_repr
 
 
 def delta_compression(who: str, compression: Any, current: Any, chosen: bool, fp16: Any) -> Any:

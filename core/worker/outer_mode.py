@@ -36,7 +36,14 @@ from fastps.worker import compression as _compression
 from fastps.worker.async_mode import MODE_INIT, MODE_READ, MODE_UPDATE
 from fastps.worker.buffers import raw_buffer
 
-__all__ = ["OuterConfig", "OuterExchange", "check_outer_config", "PREFIX"]
+__all__ = [
+    "OuterConfig",
+    "OuterExchange",
+    "OuterRounds",
+    "LocalSGDRounds",
+    "check_outer_config",
+    "PREFIX",
+]
 
 # Tensor names of outer-optimizer parameters: apart from the async mode's, so a name can
 # never hold parts of both kinds on a server.
@@ -395,3 +402,223 @@ class OuterExchange:
         self._wait(handles)
         for name, arr in named:
             self._frames[name].unpack(arr, self.round, self.what)
+
+
+def local_sgd_repr(who: str, H: int, config: OuterConfig, compression: Any) -> str:
+    """A LocalSGD's repr, the same in every plugin (``compression`` shown when set)."""
+    extra = f", compression={compression!r}" if compression is not None else ""
+    return (
+        f"{who}(H={H}, outer_lr={config.lr}, momentum={config.momentum}, "
+        f"nesterov={config.nesterov}{extra})"
+    )
+
+
+class OuterRounds:
+    """The worker's side of local SGD and DiLoCo for any framework: each parameter's host
+    array (the values the exchange reads and writes), its anchor (the parameters every delta
+    is taken from) and the rounds against the servers, synchronous or overlapped.
+
+    The plugin owns the framework side: ``stage()`` copies the framework's parameters into
+    the host arrays (a no-op where a host array is the parameter's own memory) and ``load()``
+    copies them back; both are called around every change here.
+
+    ``overlap``: a round's exchange runs while the next local steps do; its answer is applied
+    at the next round keeping the progress made meanwhile (x <- answer + x - x at the round's
+    start), so the next delta is that progress (docs/guide/local-sgd.md, "Overlapped
+    rounds")."""
+
+    def __init__(
+        self, what: str, config: OuterConfig, compression: Any = None, overlap: bool = False
+    ) -> None:
+        self.exchange = OuterExchange(what, config, compression=compression)
+        self.overlap = overlap
+        self.local_steps = 0  # optimizer steps since the last round began
+        self.outer_steps = 0  # rounds begun
+        self._names: List[str] = []
+        self._host: List[np.ndarray] = []
+        self._anchor: List[np.ndarray] = []
+        self._delta: List[np.ndarray] = []
+        self._answer: List[np.ndarray] = []  # overlap: where a round's answer lands
+        self._rebase = False
+
+    def bind(self, named_hosts: Sequence[Tuple[str, np.ndarray]]) -> None:
+        """The parameters' names and host arrays (kept; the arrays are written in place)."""
+        self._names = [n for n, _a in named_hosts]
+        self._host = [a for _n, a in named_hosts]
+        self._anchor = [a.copy() for a in self._host]
+        self._delta = [np.empty_like(a) for a in self._host]
+        self._answer = []
+
+    @property
+    def synced(self) -> bool:
+        """Whether every replica holds the same parameters now."""
+        return self.local_steps == 0 and not self.exchange.in_flight
+
+    def reset(self, stage: Any, load: Any) -> None:
+        """Rank 0's parameters become every worker's and the servers' (a fresh outer state);
+        a round in flight is waited for first (every rank takes part in it; its answer is
+        void)."""
+        if self.exchange.in_flight:
+            self.exchange.finish()
+        self._rebase = False
+        stage()
+        self.exchange.init(list(zip(self._names, self._host)))
+        load()
+        for anchor, host in zip(self._anchor, self._host):
+            anchor[...] = host
+        self.local_steps = 0
+
+    def on_reset(self) -> None:
+        """An elastic reset: the local steps count from zero; under overlap the round in
+        flight died with its session, and the next delta counts from the parameters the
+        state's sync restores (taken at the next :meth:`rebase_if_reset`)."""
+        self.local_steps = 0
+        if self.overlap:
+            self.exchange.abandon()
+            self._rebase = True
+
+    def rebase_if_reset(self, stage: Any) -> None:
+        """Before the first step after an elastic reset (overlap): anchor = the parameters."""
+        if self._rebase:
+            self._rebase = False
+            stage()
+            for anchor, host in zip(self._anchor, self._host):
+                anchor[...] = host
+
+    def after_step(self, stage: Any, load: Any, H: int) -> None:
+        """Counts a local step; every ``H``-th begins a round."""
+        self.local_steps += 1
+        if self.local_steps >= H:
+            if self.overlap:
+                self._overlapped_round(stage, load)
+            else:
+                self.sync(stage, load)
+
+    def sync(self, stage: Any, load: Any) -> None:
+        """A blocking round: afterwards every replica holds the same parameters (under
+        overlap, the round in flight is landed first, and none is taken if no step came
+        since it began)."""
+        if self.exchange.in_flight:
+            self._land(stage, load)
+            if self.local_steps == 0:
+                return  # every replica holds that round's answer
+        self._take_deltas(stage)
+        self.exchange.step(list(zip(self._names, self._delta, self._host)))
+        load()
+        for anchor, host in zip(self._anchor, self._host):
+            anchor[...] = host
+        self.local_steps = 0
+        self.outer_steps += 1
+
+    def _take_deltas(self, stage: Any) -> None:
+        stage()
+        for host, anchor, delta in zip(self._host, self._anchor, self._delta):
+            np.subtract(host, anchor, out=delta)
+        if self.exchange.session is not None and self.exchange.session is not api.session():
+            # An elastic membership change brought new servers holding nothing: they start
+            # from rank 0's anchor (the survivors' common last outer step), then take this
+            # round's deltas; the outer momentum restarts from zero.
+            self.exchange.init(list(zip(self._names, self._anchor)))
+
+    def _land(self, stage: Any, load: Any) -> None:
+        """Waits for the round in flight and moves onto its answer, keeping the progress
+        made since it began; the anchor becomes the answer."""
+        self.exchange.finish()
+        stage()
+        for host, anchor, answer in zip(self._host, self._anchor, self._answer):
+            host -= anchor  # anchor: x when the round began
+            host += answer
+            anchor[...] = answer
+        load()
+
+    def _overlapped_round(self, stage: Any, load: Any) -> None:
+        if self.exchange.in_flight:
+            self._land(stage, load)
+        self._take_deltas(stage)
+        if not self._answer:
+            self._answer = [np.empty_like(a) for a in self._host]
+        self.exchange.start(list(zip(self._names, self._delta, self._answer)))
+        for anchor, host in zip(self._anchor, self._host):
+            anchor[...] = host  # x at this round's start, for _land
+        self.local_steps = 0
+        self.outer_steps += 1
+
+
+class LocalSGDRounds:
+    """What every plugin's ``LocalSGD`` does with its :class:`OuterRounds` (mixed in ahead
+    of the plugin's ``Algorithm``): the step counters, ``synced``, and the hooks and calls
+    that only forward. The plugin builds ``_rounds`` and ``_slots`` in its setup (each slot
+    with ``stage()``, its parameter into its host array, and ``load()``, back) and names
+    ``_not_set_up`` (what to do first, in its words)."""
+
+    H: int
+    overlap: bool
+    config: OuterConfig
+    _rounds: Optional[OuterRounds] = None
+    _not_set_up = "build the distributed optimizer"
+
+    def __repr__(self) -> str:
+        compression = getattr(self, "compression", None)
+        text = local_sgd_repr(type(self).__name__, self.H, self.config, compression)
+        return text[:-1] + ", overlap=True)" if self.overlap else text
+
+    @property
+    def local_steps(self) -> int:
+        """Optimizer steps since the last outer step began."""
+        return self._rounds.local_steps if self._rounds is not None else 0
+
+    @property
+    def outer_steps(self) -> int:
+        """Outer steps begun."""
+        return self._rounds.outer_steps if self._rounds is not None else 0
+
+    @property
+    def synced(self) -> bool:
+        """Whether every replica holds the same parameters now: no local step since the
+        last outer step and (``overlap``) no round in flight. :meth:`outer_step` makes it so."""
+        return self._rounds is None or self._rounds.synced
+
+    _slots: Sequence[Any] = ()  # the plugin's, each with stage() and load()
+
+    def _stage(self) -> None:
+        for s in self._slots:
+            s.stage()
+
+    def _load(self) -> None:
+        for s in self._slots:
+            s.load()
+
+    def _ready(self) -> OuterRounds:
+        if self._rounds is None:
+            name = type(self).__name__
+            raise FastPSError(f"algorithm {name}: not set up ({self._not_set_up})")
+        return self._rounds
+
+    def before_backward(self) -> None:
+        self._ready().rebase_if_reset(self._stage)
+
+    def after_step(self) -> None:
+        self._ready().after_step(self._stage, self._load, self.H)
+
+    def on_reset(self) -> None:
+        """An elastic reset callback (``state.register_reset_callbacks([algo.on_reset])``):
+        the state rolls back to the last commit, which the loop takes right after an outer
+        step (``local_steps == 0``), so the local steps count from zero again; the new
+        generation's servers are started at the next outer step. ``overlap``: the round in
+        flight died with its session; the next delta counts from the parameters the state's
+        sync restores (rank 0's)."""
+        if self._rounds is not None:
+            self._rounds.on_reset()
+
+    def reset_parameters(self) -> None:
+        """Rank 0's parameters become every worker's and the servers' (the outer optimizer
+        starts afresh: no momentum). Called at setup; call it on every rank after changing
+        the parameters outside training (e.g. rank 0 loaded a checkpoint)."""
+        self._ready().reset(self._stage, self._load)
+
+    def outer_step(self) -> None:
+        """Pushes this worker's delta since the last outer step and loads the parameters
+        after the servers' outer step (every rank must call it alike). ``overlap``: first
+        lands the round in flight, then syncs the steps since it began, if any, so that
+        afterwards every replica holds the same parameters."""
+        self._ready().sync(self._stage, self._load)

@@ -8,8 +8,9 @@ On 2 real workers and a server (one job, workers/local_sgd_worker_mx.py; 4 KiB p
 the float64 weight spans several): after every step, every worker's parameters equal a
 numpy float64 replay of both workers' known local steps and of the outer steps (the mean
 for ``LocalSGD(H=3)``, torch.optim.SGD's Nesterov rule with the momentum carried for
-``DiLoCo(H=2)``), starting from rank 0's values; a net Gluon initializes at the first
-forward pass is set up at the first step; the trainer refuses what it cannot run.
+``DiLoCo(H=2)``), starting from rank 0's values, and the same with ``overlap=True``; a net
+Gluon initializes at the first forward pass is set up at the first step; the trainer refuses
+what it cannot run.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _out() -> str:
     return str(_job["out"])
 
 
-@pytest.mark.parametrize("what", ["LOCALSGD", "DILOCO", "DEFERRED"])
+@pytest.mark.parametrize("what", ["LOCALSGD", "DILOCO", "OVERLAP", "OVERLAPDILOCO", "DEFERRED"])
 def test_outer_steps_equal_the_float64_reference(what: str) -> None:
     out = _out()
     assert len(re.findall(rf"rank \d {what} OK", out)) == 2, out[-6000:]

@@ -23,7 +23,6 @@ import numpy as np
 from fastps.errors import FastPSError
 from fastps.mxnet.algorithms.base import Algorithm, Context, ServerRule, register_server_rule
 from fastps.worker import algorithm_args as _args
-from fastps.worker import api as _api
 from fastps.worker import outer_mode as _outer
 
 __all__ = ["LocalSGD", "DiLoCo"]
@@ -35,9 +34,8 @@ register_server_rule("outer", _args.check_outer_rule)
 
 
 class _Slot:
-    """One parameter: a host copy the exchange reads and writes, and its value at the last
-    outer step (the anchor every delta is taken from). ``name``: the tensor's name on the
-    servers (the trainer's prefix and the parameter's name)."""
+    """One parameter: a host copy the exchange reads and writes. ``name``: the tensor's name
+    on the servers (the trainer's prefix and the parameter's name)."""
 
     def __init__(self, name: str, parameter: Any) -> None:
         dtype = np.dtype(parameter.dtype)
@@ -49,8 +47,6 @@ class _Slot:
         self.name = name
         self.parameter = parameter
         self.host = parameter.list_data()[0].asnumpy()  # a copy, in host memory
-        self.anchor = self.host.copy()
-        self.delta = np.empty_like(self.host)
 
     def stage(self) -> None:
         self.host[...] = self.parameter.list_data()[0].asnumpy()
@@ -60,26 +56,36 @@ class _Slot:
             data[:] = self.host
 
 
-class LocalSGD(Algorithm):
+class LocalSGD(_outer.LocalSGDRounds, Algorithm):
     """``H`` local steps, then an outer step on the servers: the mean of the workers'
     deltas applied with outer learning rate ``outer_lr`` and (``momentum`` > 0) SGD
     momentum, Nesterov's if ``nesterov``. The defaults (1, 0) are plain model averaging.
 
     Every rank must take the same number of steps; :meth:`outer_step` syncs at once (e.g.
-    before evaluating, when the step count is not a multiple of ``H``)."""
+    before evaluating, when the step count is not a multiple of ``H``). ``overlap``: a
+    round's exchange runs during the next ``H`` local steps and its answer is applied one
+    round late (docs/guide/local-sgd.md, "Overlapped rounds"); ``synced`` tells whether the
+    replicas hold one model. The rounds, the counters and the forwarding hooks are the
+    core's (``outer_mode.OuterRounds``, ``outer_mode.LocalSGDRounds``)."""
+
+    _not_set_up = (
+        "build the DistributedTrainer; with parameters Gluon initializes at the first "
+        "forward pass, take one step"
+    )
 
     def __init__(
-        self, H: int, outer_lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False
+        self,
+        H: int,
+        outer_lr: float = 1.0,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        overlap: bool = False,
     ) -> None:
         self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
         self.H = H
-        self.local_steps = 0  # optimizer steps since the last outer step
-        self.outer_steps = 0
+        self.overlap = _args.overlap_flag(type(self).__name__, overlap)
         self._slots: List[_Slot] = []
-        self._exchange: Optional[_outer.OuterExchange] = None
-
-    def __repr__(self) -> str:
-        return _args.local_sgd_repr(type(self).__name__, self.H, self.config, None)
+        self._rounds: Optional[_outer.OuterRounds] = None
 
     def server_rule(self) -> ServerRule:
         c = self.config
@@ -88,61 +94,14 @@ class LocalSGD(Algorithm):
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
         self._slots = [_Slot(f"{ctx.prefix}{p.name}", p.parameter) for p in ctx.params]
-        self._exchange = _outer.OuterExchange(f"algorithm {self.name}", self.config)
+        self._rounds = _outer.OuterRounds(
+            f"algorithm {self.name}", self.config, overlap=self.overlap
+        )
+        self._rounds.bind([(s.name, s.host) for s in self._slots])
         self.reset_parameters()
 
     def on_gradient(self, p: Any) -> None:
         """Local steps: the gradient stays on this worker."""
-
-    def after_step(self) -> None:
-        self.local_steps += 1
-        if self.local_steps >= self.H:
-            self.outer_step()
-
-    def on_reset(self) -> None:
-        """An elastic reset callback: the state rolls back to the last commit, taken right
-        after an outer step, so the local steps count from zero again."""
-        self.local_steps = 0
-
-    def _ready(self) -> _outer.OuterExchange:
-        ex = self._exchange
-        if ex is None:
-            raise FastPSError(
-                f"algorithm {self.name}: not set up (build the DistributedTrainer; with "
-                "parameters Gluon initializes at the first forward pass, take one step)"
-            )
-        return ex
-
-    def reset_parameters(self) -> None:
-        """Rank 0's parameters become every worker's and the servers' (the outer optimizer
-        starts afresh: no momentum). Called at setup; call it on every rank after changing
-        the parameters outside training (e.g. rank 0 loaded a checkpoint)."""
-        ex = self._ready()
-        for s in self._slots:
-            s.stage()
-        ex.init([(s.name, s.host) for s in self._slots])
-        for s in self._slots:
-            s.load()
-            s.anchor[...] = s.host
-        self.local_steps = 0
-
-    def outer_step(self) -> None:
-        """Pushes this worker's delta since the last outer step and loads the parameters
-        after the servers' outer step (every rank must call it alike)."""
-        ex = self._ready()
-        for s in self._slots:
-            s.stage()
-            np.subtract(s.host, s.anchor, out=s.delta)
-        if ex.session is not None and ex.session is not _api.session():
-            # An elastic membership change brought new servers holding nothing: they start
-            # from rank 0's anchor, then take this round's deltas (no outer momentum).
-            ex.init([(s.name, s.anchor) for s in self._slots])
-        ex.step([(s.name, s.delta, s.host) for s in self._slots])
-        for s in self._slots:
-            s.load()
-            s.anchor[...] = s.host
-        self.local_steps = 0
-        self.outer_steps += 1
 
 
 class DiLoCo(LocalSGD):
@@ -150,6 +109,13 @@ class DiLoCo(LocalSGD):
     averaged delta, run by the servers (outer lr 0.7, momentum 0.9 as in the paper)."""
 
     def __init__(
-        self, H: int, outer_lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True
+        self,
+        H: int,
+        outer_lr: float = 0.7,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        overlap: bool = False,
     ) -> None:
-        super().__init__(H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
+        super().__init__(
+            H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov, overlap=overlap
+        )

@@ -11,9 +11,12 @@ steps in numpy float64 and checks its parameters against that reference after ev
    rank 0's values, whatever its own were.
 2. ``DiLoCo(H=2)`` (outer lr 0.7, Nesterov momentum 0.9), 6 steps: three outer steps of
    torch.optim.SGD's rule on the mean delta, momentum carried on the servers.
-3. A Gluon net whose shapes are inferred at the first forward pass: the algorithm is set up
+3. The same two with ``overlap=True``: each round's answer applied one round late, keeping
+   the steps taken meanwhile, checked against the same replay with that rule; a last
+   ``outer_step()`` lands the round in flight (and syncs the steps since, if any).
+4. A Gluon net whose shapes are inferred at the first forward pass: the algorithm is set up
    at the first step; the replicas agree after the outer step.
-4. Refusals, each naming the culprit.
+5. Refusals, each naming the culprit.
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ class Reference:
         self.size = size
         self.workers = [{k: v.copy() for k, v in start.items()} for _ in range(size)]
         self.master = {k: v.astype(np.float64) for k, v in start.items()}
-        self.anchor = {k: v.copy() for k, v in start.items()}
+        # Each worker's anchor (the same on every worker without overlap).
+        self.anchors = [{k: v.copy() for k, v in start.items()} for _ in range(size)]
         self.buf = {k: np.zeros_like(v) for k, v in self.master.items()}
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.answer: Any = None  # overlap: the round in flight's answer
 
     def local(self, step: int) -> None:
         for r, params in enumerate(self.workers):
@@ -88,17 +93,42 @@ class Reference:
             for k in params:
                 params[k] = (params[k] - params[k].dtype.type(LR) * c[k]).astype(params[k].dtype)
 
-    def outer(self) -> None:
+    def _rule(self) -> Dict[str, np.ndarray]:
+        """The servers' outer step on the mean delta; returns the new parameters."""
+        out = {}
         for k in self.master:
-            deltas = [(w[k] - self.anchor[k]).astype(np.float64) for w in self.workers]
+            deltas = [(w[k] - a[k]).astype(np.float64) for w, a in zip(self.workers, self.anchors)]
             g = -(sum(deltas) / self.size)
             self.buf[k] = self.momentum * self.buf[k] + g
             u = g + self.momentum * self.buf[k] if self.nesterov else self.buf[k]
             self.master[k] = self.master[k] - self.lr * u
-            value = self.master[k].astype(self.anchor[k].dtype)
-            self.anchor[k] = value
-            for w in self.workers:
-                w[k] = value.copy()
+            out[k] = self.master[k].astype(self.anchors[0][k].dtype)
+        return out
+
+    def outer(self) -> None:
+        value = self._rule()
+        for w, a in zip(self.workers, self.anchors):
+            for k in value:
+                w[k] = value[k].copy()
+                a[k] = value[k].copy()
+
+    def land(self) -> None:
+        """Overlap: every worker moves onto the round in flight's answer, keeping its
+        steps since the round began (its anchor then)."""
+        for w, a in zip(self.workers, self.anchors):
+            for k in w:
+                w[k] = (w[k] - a[k]) + self.answer[k]
+                a[k] = self.answer[k].copy()
+        self.answer = None
+
+    def overlapped(self) -> None:
+        """Overlap: land the round in flight, then begin one; training goes on."""
+        if self.answer is not None:
+            self.land()
+        self.answer = self._rule()
+        for w, a in zip(self.workers, self.anchors):
+            for k in w:
+                a[k] = w[k].copy()
 
     def check(self, net: Linear, rank: int, what: str) -> None:
         for k, (_shape, dtype) in SHAPES.items():
@@ -124,11 +154,14 @@ def run(rank: int, size: int, algo: LocalSGD, steps: int, tag: str) -> Tuple[int
         local_step(net, trainer, rank, step)
         ref.local(step)
         if (step + 1) % algo.H == 0:
-            ref.outer()
+            ref.overlapped() if algo.overlap else ref.outer()
         ref.check(net, rank, f"{tag} step {step + 1}")
-    if algo.local_steps:
+    if not algo.synced:
         algo.outer_step()
-        ref.outer()
+        if ref.answer is not None:
+            ref.land()
+        if steps % algo.H:
+            ref.outer()
         ref.check(net, rank, f"{tag} last outer step")
     return algo.outer_steps, algo.local_steps
 
@@ -195,6 +228,12 @@ def main() -> int:
     outer, local = run(rank, size, DiLoCo(H=2), 6, "diloco")
     assert (outer, local) == (3, 0), (outer, local)
     print(f"rank {rank} DILOCO OK", flush=True)
+    outer, local = run(rank, size, LocalSGD(H=3, overlap=True), 7, "overlap")
+    assert (outer, local) == (3, 0), (outer, local)
+    print(f"rank {rank} OVERLAP OK", flush=True)
+    outer, local = run(rank, size, DiLoCo(H=2, overlap=True), 6, "overlapdiloco")
+    assert (outer, local) == (3, 0), (outer, local)
+    print(f"rank {rank} OVERLAPDILOCO OK", flush=True)
     deferred(rank)
     print(f"rank {rank} DEFERRED OK", flush=True)
     print(f"rank {rank} REFUSED " + json.dumps(refusals(rank)), flush=True)
