@@ -291,8 +291,9 @@ class FastpsComm(Comm):
         elif m.kind in ("local", "diloco"):
             deltas = fastps.Compression.from_spec(m.spec) if m.spec else None
             algo = LocalSGD if m.kind == "local" else DiLoCo
+            warmup = self.args.overlap_warmup if m.overlap else 0
             self.algorithm = kwargs["algorithm"] = algo(
-                H=m.param, compression=deltas, overlap=m.overlap
+                H=m.param, compression=deltas, overlap=m.overlap, overlap_warmup=warmup
             )
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -541,6 +542,7 @@ def child_argv(args: argparse.Namespace, method: str, task: str, link_dev: str) 
     argv = [sys.executable, "-m", "benchmarks.bench_algorithms", "--child", "--method", method]
     argv += ["--task", task, "--seed", str(args.seed), "--epochs", str(args.epochs)]
     argv += ["--n-train", str(args.n_train), "--freeze-frac", str(args.freeze_frac)]
+    argv += ["--overlap-warmup", str(args.overlap_warmup)]
     argv += ["--powersgd-frac", str(args.powersgd_frac), "--run-timeout", str(args.run_timeout)]
     argv += ["--link-dev", link_dev]
     return argv
@@ -1015,6 +1017,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="1-bit Adam's warm-up, a fraction of the run's steps",
     )
     p.add_argument(
+        "--overlap-warmup",
+        type=int,
+        default=0,
+        help="overlapped methods: synchronous rounds before overlapping (overlap_warmup)",
+    )
+    p.add_argument(
         "--powersgd-frac",
         type=float,
         default=0.1,
@@ -1049,6 +1057,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--methods must include {BASELINE}: the target comes from it")
     if args.n < 2:
         p.error("-n must be >= 2")
+    if args.overlap_warmup < 0:
+        p.error("--overlap-warmup must be >= 0")
     if not 0 < args.freeze_frac < 1 or not 0 <= args.powersgd_frac < 1:
         p.error("--freeze-frac must be in (0, 1) and --powersgd-frac in [0, 1)")
     if not 0 < args.run_timeout <= 3600 or not math.isfinite(args.target_points):

@@ -25,3 +25,10 @@ def assert_local_sgd_refusals(local_sgd: Any, diloco: Any) -> None:
         local_sgd(H=4, outer_lr=0.0)
     with pytest.raises(TypeError, match="DiLoCo: nesterov must be True or False, got 1"):
         diloco(H=4, nesterov=1)
+    with pytest.raises(TypeError, match="LocalSGD: overlap must be True or False, got 1"):
+        local_sgd(H=4, overlap=1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"DiLoCo: overlap_warmup .* got {bad!r}"):
+            diloco(H=4, overlap=True, overlap_warmup=bad)
+    shown = repr(local_sgd(H=4, overlap=True, overlap_warmup=3))
+    assert shown.endswith("overlap=True, overlap_warmup=3)"), shown

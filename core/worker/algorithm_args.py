@@ -229,6 +229,16 @@ def overlap_flag(who: str, overlap: Any) -> bool:
     return overlap
 
 
+def overlap_warmup(who: str, warmup: Any) -> int:
+    """A LocalSGD's ``overlap_warmup`` (synchronous rounds before overlapping), checked."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(
+            f"{who}: overlap_warmup (synchronous rounds before overlapping) must be an "
+            f"integer >= 0, got {warmup!r}"
+        )
+    return warmup
+
+
 # Defined beside the rounds, which show it too.
 local_sgd_repr = _outer.local_sgd_repr
 

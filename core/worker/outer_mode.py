@@ -428,10 +428,16 @@ class OuterRounds:
     rounds")."""
 
     def __init__(
-        self, what: str, config: OuterConfig, compression: Any = None, overlap: bool = False
+        self,
+        what: str,
+        config: OuterConfig,
+        compression: Any = None,
+        overlap: bool = False,
+        warmup: int = 0,
     ) -> None:
         self.exchange = OuterExchange(what, config, compression=compression)
         self.overlap = overlap
+        self.warmup = warmup  # overlap: the first rounds that are synchronous all the same
         self.local_steps = 0  # optimizer steps since the last round began
         self.outer_steps = 0  # rounds begun
         self._names: List[str] = []
@@ -489,7 +495,7 @@ class OuterRounds:
         """Counts a local step; every ``H``-th begins a round."""
         self.local_steps += 1
         if self.local_steps >= H:
-            if self.overlap:
+            if self.overlap and self.outer_steps >= self.warmup:
                 self._overlapped_round(stage, load)
             else:
                 self.sync(stage, load)
@@ -553,6 +559,7 @@ class LocalSGDRounds:
 
     H: int
     overlap: bool
+    overlap_warmup: int = 0
     config: OuterConfig
     _rounds: Optional[OuterRounds] = None
     _not_set_up = "build the distributed optimizer"
@@ -560,7 +567,10 @@ class LocalSGDRounds:
     def __repr__(self) -> str:
         compression = getattr(self, "compression", None)
         text = local_sgd_repr(type(self).__name__, self.H, self.config, compression)
-        return text[:-1] + ", overlap=True)" if self.overlap else text
+        if not self.overlap:
+            return text
+        warmup = f", overlap_warmup={self.overlap_warmup}" if self.overlap_warmup else ""
+        return text[:-1] + f", overlap=True{warmup})"
 
     @property
     def local_steps(self) -> int:

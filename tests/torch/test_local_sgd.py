@@ -129,7 +129,7 @@ def elastic(steps: int, overlap: bool = False) -> int:
     return 0
 
 
-def overlap(algo_name: str, h: int, steps: int) -> int:
+def overlap(algo_name: str, h: int, steps: int, warmup: int = 0) -> int:
     """``LocalSGD``/``DiLoCo(H=h, overlap=True)`` on a float64 linear model, checked after
     every step against the algorithm simulated here for every rank (the outer rule is the
     servers' own ``OuterOptimizer``); a last ``outer_step()`` must leave one model."""
@@ -142,7 +142,7 @@ def overlap(algo_name: str, h: int, steps: int) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     cls = LocalSGD if algo_name == "local" else DiLoCo
-    algo = cls(H=h, overlap=True)
+    algo = cls(H=h, overlap=True, overlap_warmup=warmup)
     lr, mom, nest = algo.config.lr, algo.config.momentum, algo.config.nesterov
 
     def build() -> Any:
@@ -189,18 +189,26 @@ def overlap(algo_name: str, h: int, steps: int) -> int:
             anchor[r] = answer.copy()
 
     worst = spread = 0.0  # spread: how far the replicas drifted apart between rounds
+    rounds = 0
     for step in range(steps):
         sgd_step(model, opt, rank, step)
         for r in range(size):
             sgd_step(*refs[r], r, step)
         local += 1
-        if local == h:
+        if local == h and rounds < warmup:  # a synchronous round: every replica takes g
+            g_now = outer([flat(refs[r][0]) - anchor[r] for r in range(size)])
+            for r in range(size):
+                put(refs[r][0], g_now)
+            anchor = [g_now.copy() for _ in range(size)]
+            local, rounds = 0, rounds + 1
+            assert algo.synced, "a warm-up round is synchronous"
+        elif local == h:
             if answer is not None:
                 land()
             answer = outer([flat(refs[r][0]) - anchor[r] for r in range(size)])
             pushed = [flat(refs[r][0]) for r in range(size)]
             anchor = [v.copy() for v in pushed]
-            local = 0
+            local, rounds = 0, rounds + 1
             assert not algo.synced, "an overlapped round must leave its exchange in flight"
         worst = max(worst, float(np.abs(flat(model) - flat(refs[rank][0])).max()))
         spread = max(
@@ -310,16 +318,21 @@ if __name__ != "__main__":
             assert re.search(r"STEP 7 size=2 local=1", res.stdout), res.stdout[-4000:]
             assert not re.search(r"STEP 6 size=2", res.stdout), res.stdout[-4000:]
 
-    @pytest.mark.parametrize(("algo", "h", "steps"), [("local", 3, 11), ("diloco", 2, 9)])
+    @pytest.mark.parametrize(
+        ("algo", "h", "steps", "warmup"),
+        [("local", 3, 11, 0), ("diloco", 2, 9, 0), ("local", 2, 9, 2)],
+    )
     def test_overlap_applies_each_round_one_round_late(
-        subprocess_env: Dict[str, str], algo: str, h: int, steps: int
+        subprocess_env: Dict[str, str], algo: str, h: int, steps: int, warmup: int
     ) -> None:
+        # warmup: the first rounds synchronous (overlap_warmup), the later ones overlapped.
         res = fastpsrun(
             Path(__file__),
             "overlap",
             algo,
             str(h),
             str(steps),
+            str(warmup),
             np=2,
             env=dict(subprocess_env, FASTPS_OP_TIMEOUT="60"),
             timeout=180,
@@ -363,4 +376,4 @@ if __name__ == "__main__" and sys.argv[1:2] == ["train"]:
 if __name__ == "__main__" and sys.argv[1:2] == ["elastic"]:
     sys.exit(elastic(int(sys.argv[2]), sys.argv[3:4] == ["overlap"]))
 if __name__ == "__main__" and sys.argv[1:2] == ["overlap"]:
-    sys.exit(overlap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    sys.exit(overlap(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))

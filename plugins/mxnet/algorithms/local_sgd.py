@@ -80,10 +80,12 @@ class LocalSGD(_outer.LocalSGDRounds, Algorithm):
         momentum: float = 0.0,
         nesterov: bool = False,
         overlap: bool = False,
+        overlap_warmup: int = 0,
     ) -> None:
         self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
         self.H = H
         self.overlap = _args.overlap_flag(type(self).__name__, overlap)
+        self.overlap_warmup = _args.overlap_warmup(type(self).__name__, overlap_warmup)
         self._slots: List[_Slot] = []
         self._rounds: Optional[_outer.OuterRounds] = None
 
@@ -95,7 +97,10 @@ class LocalSGD(_outer.LocalSGDRounds, Algorithm):
         super().setup(ctx)
         self._slots = [_Slot(f"{ctx.prefix}{p.name}", p.parameter) for p in ctx.params]
         self._rounds = _outer.OuterRounds(
-            f"algorithm {self.name}", self.config, overlap=self.overlap
+            f"algorithm {self.name}",
+            self.config,
+            overlap=self.overlap,
+            warmup=self.overlap_warmup,
         )
         self._rounds.bind([(s.name, s.host) for s in self._slots])
         self.reset_parameters()
@@ -115,7 +120,13 @@ class DiLoCo(LocalSGD):
         momentum: float = 0.9,
         nesterov: bool = True,
         overlap: bool = False,
+        overlap_warmup: int = 0,
     ) -> None:
         super().__init__(
-            H, outer_lr=outer_lr, momentum=momentum, nesterov=nesterov, overlap=overlap
+            H,
+            outer_lr=outer_lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            overlap=overlap,
+            overlap_warmup=overlap_warmup,
         )

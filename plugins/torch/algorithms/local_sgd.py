@@ -99,10 +99,12 @@ class LocalSGD(_outer.LocalSGDRounds, Algorithm):
         nesterov: bool = False,
         compression: Any = None,
         overlap: bool = False,
+        overlap_warmup: int = 0,
     ) -> None:
         self.config = _args.local_sgd_config(type(self).__name__, H, outer_lr, momentum, nesterov)
         self.H = H
         self.overlap = _args.overlap_flag(type(self).__name__, overlap)
+        self.overlap_warmup = _args.overlap_warmup(type(self).__name__, overlap_warmup)
         self.compression: Any = None
         if compression is not None:
             self.adopt_compression(compression)
@@ -128,7 +130,11 @@ class LocalSGD(_outer.LocalSGDRounds, Algorithm):
         super().setup(ctx)
         self._slots = [_Slot(p.name, p.tensor) for p in ctx.params]
         self._rounds = _outer.OuterRounds(
-            f"algorithm {self.name}", self.config, self.compression, self.overlap
+            f"algorithm {self.name}",
+            self.config,
+            self.compression,
+            self.overlap,
+            self.overlap_warmup,
         )
         # numpy views of the host tensors: the rounds write the parameters' own memory.
         self._rounds.bind([(s.name, s.host.numpy()) for s in self._slots])
@@ -150,6 +156,7 @@ class DiLoCo(LocalSGD):
         nesterov: bool = True,
         compression: Any = None,
         overlap: bool = False,
+        overlap_warmup: int = 0,
     ) -> None:
         super().__init__(
             H,
@@ -158,4 +165,5 @@ class DiLoCo(LocalSGD):
             nesterov=nesterov,
             compression=compression,
             overlap=overlap,
+            overlap_warmup=overlap_warmup,
         )
