@@ -25,6 +25,10 @@ def assert_local_sgd_refusals(local_sgd: Any, diloco: Any) -> None:
         local_sgd(H=4, outer_lr=0.0)
     with pytest.raises(TypeError, match="DiLoCo: nesterov must be True or False, got 1"):
         diloco(H=4, nesterov=1)
+
+
+def assert_overlap_refusals(local_sgd: Any, diloco: Any) -> None:
+    """The overlapped rounds' settings (torch and MXNet)."""
     with pytest.raises(TypeError, match="LocalSGD: overlap must be True or False, got 1"):
         local_sgd(H=4, overlap=1)
     for bad in (-1, 1.5, True):

@@ -26,10 +26,11 @@ require_mxnet()
 
 
 def test_bad_settings_name_the_value() -> None:
-    from algorithm_refusals import assert_local_sgd_refusals
+    from algorithm_refusals import assert_local_sgd_refusals, assert_overlap_refusals
     from fastps.mxnet.algorithms import DiLoCo, LocalSGD
 
     assert_local_sgd_refusals(LocalSGD, DiLoCo)
+    assert_overlap_refusals(LocalSGD, DiLoCo)
 
 
 def test_server_rule_is_registered_and_checked() -> None:

@@ -352,10 +352,11 @@ if __name__ != "__main__":
         assert len({d for *_x, d in got}) == 1, got
 
     def test_bad_settings_name_the_culprit() -> None:
-        from algorithm_refusals import assert_local_sgd_refusals
+        from algorithm_refusals import assert_local_sgd_refusals, assert_overlap_refusals
         from fastps.torch.algorithms.local_sgd import DiLoCo, LocalSGD
 
         assert_local_sgd_refusals(LocalSGD, DiLoCo)
+        assert_overlap_refusals(LocalSGD, DiLoCo)
 
     def test_server_rule_is_registered_and_checked() -> None:
         from fastps.torch.algorithms.base import ServerRule, check_server_rule
