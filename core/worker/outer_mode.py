@@ -504,11 +504,12 @@ class OuterRounds:
         """A blocking round: afterwards every replica holds the same parameters (under
         overlap, the round in flight is landed first, and none is taken if no step came
         since it began)."""
-        if self.exchange.in_flight:
+        landed = self.exchange.in_flight
+        if landed:
             self._land(stage, load)
             if self.local_steps == 0:
                 return  # every replica holds that round's answer
-        self._take_deltas(stage)
+        self._take_deltas(None if landed else stage)
         self.exchange.step(list(zip(self._names, self._delta, self._host)))
         load()
         for anchor, host in zip(self._anchor, self._host):
@@ -517,7 +518,9 @@ class OuterRounds:
         self.outer_steps += 1
 
     def _take_deltas(self, stage: Any) -> None:
-        stage()
+        """Each delta: host minus anchor (``stage`` None: the host arrays are current)."""
+        if stage is not None:
+            stage()
         for host, anchor, delta in zip(self._host, self._anchor, self._delta):
             np.subtract(host, anchor, out=delta)
         if self.exchange.session is not None and self.exchange.session is not api.session():
@@ -538,9 +541,10 @@ class OuterRounds:
         load()
 
     def _overlapped_round(self, stage: Any, load: Any) -> None:
-        if self.exchange.in_flight:
+        landed = self.exchange.in_flight
+        if landed:
             self._land(stage, load)
-        self._take_deltas(stage)
+        self._take_deltas(None if landed else stage)
         if not self._answer:
             self._answer = [np.empty_like(a) for a in self._host]
         self.exchange.start(list(zip(self._names, self._delta, self._answer)))

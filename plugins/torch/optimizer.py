@@ -580,7 +580,7 @@ class _GradientSync:
             self._start(e)
         self._plan_fusion()
 
-    def _plan_fusion(self, averaged: Optional[Any] = None) -> None:
+    def _plan_fusion(self) -> None:
         """Fuses the small gradients from the next step on (csrc/worker/fusion.h).
 
         Called once every gradient of a step has started, so every rank reaches it after
@@ -588,9 +588,11 @@ class _GradientSync:
         buckets it leaves half-filled with zeros for the missing members on every rank
         alike. The rows are what the first step pushed: dense gradients, with their agreed
         priorities; sparse ones and compressed ones (another dtype on the wire) travel alone.
-        ``averaged``: under an algorithm, the indexes of the parameters whose gradient it
-        averaged this round (the others are not gradients a plan may name).
+        Under an algorithm the rows are only the gradients it averaged this round through
+        the built-in path (``Context.average``): its other exchanges carry names of their
+        own, and a round that averages another set replaces the plan.
         """
+        averaged = self.runner.take_averaged() if self.runner is not None else None
         if not (self.direct and self.active and self.agreed is not None):
             return
         if self.compression is not Compression.none or not _api.fusion_enabled():
@@ -1195,11 +1197,3 @@ def _attach(sync: _GradientSync, algo: Any, wrapped: Any) -> None:
     # Instance attributes in front of the methods: the averaging path keeps its own code
     # and pays nothing for the algorithm API.
     sync._start = runner.start  # type: ignore[method-assign]
-
-    # Fusion names only the gradients the algorithm averaged through the built-in path this
-    # round (Context.average): its other exchanges carry names of their own. A round that
-    # averages another set replaces the plan, which pushes the buckets left half-filled.
-    def plan_fusion(averaged: Optional[Any] = None) -> None:
-        type(sync)._plan_fusion(sync, runner.take_averaged())
-
-    sync._plan_fusion = plan_fusion  # type: ignore[method-assign]

@@ -71,7 +71,7 @@ class Runner(Context):
         self.open = False  # before_backward ran for the current round
         self.handed: Set[int] = set()  # entries handed to on_gradient this round
         # Entries averaged through the built-in path this round (average()): the fusion
-        # plan's rows (optimizer.py _attach).
+        # plan's rows (optimizer.py, _GradientSync._plan_fusion).
         self.averaged: Set[int] = set()
 
     # ------------------------------------------------------------------ Context
