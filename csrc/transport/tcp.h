@@ -106,8 +106,6 @@ class EventLoop {
   void start();
   void stop();
   void add(const std::shared_ptr<TcpConnection>& c);
-  // Whether the caller is this loop's thread (its frame and send callbacks run there).
-  bool on_loop_thread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
  private:
   void run();
@@ -118,7 +116,6 @@ class EventLoop {
   int wakefd_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::atomic<std::thread::id> thread_id_{};  // the loop thread's, once it runs
   std::mutex mu_;
   std::unordered_map<TcpConnection*, std::shared_ptr<TcpConnection>> conns_;
 };
