@@ -23,6 +23,13 @@ void tune_socket(int fd, int notsent_lowat = 0);
 // link's queue short and splits it by the bytes each flow must carry rather
 // than evenly per connection.
 void set_pacing_rate(int fd, double bytes_per_s);
+
+// A connection with data in flight that has sat through min_backoff retransmission
+// timeouts in a row gets its congestion control restarted (switched to reno and back),
+// so that it measures the path afresh once the path is back. Returns whether it did.
+// For BBR: after a link outage its bandwidth estimate can collapse to ~1 Mbit/s and,
+// with a round lasting a timeout, stay there for ~10 s (see the definition).
+bool restart_stuck_congestion_control(int fd, int min_backoff);
 // Reads/writes exactly len bytes on a blocking or non-blocking fd, waiting at
 // most timeout_s overall. Return false on timeout, EOF or error.
 bool read_full(int fd, void* buf, size_t len, double timeout_s);

@@ -295,11 +295,40 @@ void EventLoop::drop(TcpConnection* c, bool clean, const std::string& reason) {
   c->handler_->on_close(c, clean, reason);
 }
 
+void EventLoop::restart_stuck_connections() {
+  // Two timeouts in a row: the path was gone for about a second (the backoff is capped at
+  // 1 s, socket.cc); at most one restart per connection every 2 s.
+  constexpr int kMinBackoff = 2;
+  constexpr auto kAgain = std::chrono::seconds(2);
+  auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : conns_) {
+    TcpConnection* c = kv.first;
+    if (now < c->cc_restart_after_) continue;
+    if (!restart_stuck_congestion_control(c->fd_, kMinBackoff)) continue;
+    c->cc_restart_after_ = now + kAgain;
+    cc_restarts_.fetch_add(1, std::memory_order_relaxed);
+    LOG_DEBUG(name_ << ": restarted the congestion control of " << c->desc()
+                    << " after repeated retransmission timeouts");
+  }
+}
+
 void EventLoop::run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
+  constexpr auto kCheckEvery = std::chrono::milliseconds(250);
+  auto next_check = std::chrono::steady_clock::now() + kCheckEvery;
   while (!stop_.load()) {
-    int n = epoll_wait(epfd_, events, kMaxEvents, 500);
+    auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      restart_stuck_connections();
+      next_check = now + kCheckEvery;
+    }
+    int wait_ms =
+        static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(next_check - now).count()) +
+        1;
+    int n = epoll_wait(epfd_, events, kMaxEvents, wait_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       LOG_ERROR(name_ << ": epoll_wait failed: " << strerror(errno));

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -91,6 +92,9 @@ class TcpConnection final : public Connection {
   size_t rx_len_ = 0;  // payload bytes of the frame being received
   bool rx_in_payload_ = false;
   int rx_lowat_ = 1;  // the socket's SO_RCVLOWAT as last set
+  // The loop may restart this connection's congestion control again from then on
+  // (EventLoop::restart_stuck_connections; loop thread only).
+  std::chrono::steady_clock::time_point cc_restart_after_{};
   // Before waiting: the loop wakes only when the rest of the header, or of the
   // payload up to a cap, is in the socket (see on_readable).
   void expect_bytes(size_t n);
@@ -106,15 +110,21 @@ class EventLoop {
   void start();
   void stop();
   void add(const std::shared_ptr<TcpConnection>& c);
+  // Congestion-control restarts so far (restart_stuck_connections).
+  uint64_t congestion_restarts() const { return cc_restarts_.load(std::memory_order_relaxed); }
 
  private:
   void run();
+  // Every connection with data in flight that sat through repeated retransmission
+  // timeouts measures its path afresh (socket.h restart_stuck_congestion_control).
+  void restart_stuck_connections();
   void drop(TcpConnection* c, bool clean, const std::string& reason);
 
   std::string name_;
   int epfd_;
   int wakefd_;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> cc_restarts_{0};
   std::thread thread_;
   std::mutex mu_;
   std::unordered_map<TcpConnection*, std::shared_ptr<TcpConnection>> conns_;
