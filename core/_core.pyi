@@ -163,6 +163,7 @@ class WorkerOptions:
     credit_bytes: int
     window_bytes: int
     nudge_min_wait_us: int
+    push_from_io: bool
     notsent_lowat: int
     pacing_burst_bytes: int
     pacing_burst_bytes_per_s: float

@@ -731,6 +731,9 @@ class Config:
     # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE).
     nudge: bool = True
     nudge_min_wait: float = DEFAULT_NUDGE_MIN_WAIT  # seconds queued before a nudge counts
+    # The network thread pushes the parts that freed credit admits (FASTPS_PUSH_FROM_IO;
+    # off: the push thread takes every part, one wake-up per one or two parts).
+    push_from_io: bool = True
     # Servers may leave and join the running job (FASTPS_ELASTIC_SERVERS; docs/guide/elastic.md).
     elastic_servers: bool = False
     shm_bytes: int = DEFAULT_SHM_BYTES
@@ -859,6 +862,7 @@ class Config:
         shm = e.switch("FASTPS_SHM", True)
         nudge = e.switch("FASTPS_NUDGE", True)
         nudge_min_wait = e.seconds0("FASTPS_NUDGE_MIN_WAIT", DEFAULT_NUDGE_MIN_WAIT)
+        push_from_io = e.switch("FASTPS_PUSH_FROM_IO", True)
 
         partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
         if partition_bytes is not None and partition_bytes > MAX_PARTITION_BYTES:
@@ -912,6 +916,7 @@ class Config:
             shm=shm,
             nudge=nudge,
             nudge_min_wait=nudge_min_wait,
+            push_from_io=push_from_io,
             elastic_servers=elastic_servers,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),
             conns_per_server=conns,

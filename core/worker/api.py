@@ -329,6 +329,7 @@ def worker_options(
     opts.partition_bytes, opts.credit_bytes = cfg.part_sizes(hosts, racks)
     opts.window_bytes = cfg.window_bytes
     opts.nudge_min_wait_us = round(cfg.nudge_min_wait * 1e6)
+    opts.push_from_io = cfg.push_from_io
     opts.fusion_threshold = cfg.fusion_threshold
     opts.notsent_lowat = cfg.notsent_lowat
     opts.conns_per_server = cfg.conns_per_server

@@ -82,6 +82,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("credit_bytes", &WorkerOptions::credit_bytes)
       .def_readwrite("window_bytes", &WorkerOptions::window_bytes)
       .def_readwrite("nudge_min_wait_us", &WorkerOptions::nudge_min_wait_us)
+      .def_readwrite("push_from_io", &WorkerOptions::push_from_io)
       .def_readwrite("notsent_lowat", &WorkerOptions::notsent_lowat)
       .def_readwrite("pacing_burst_bytes", &WorkerOptions::pacing_burst_bytes)
       .def_readwrite("pacing_burst_bytes_per_s", &WorkerOptions::pacing_burst_bytes_per_s)
@@ -277,7 +278,9 @@ PYBIND11_MODULE(_core, m) {
                r.emplace_back(t.priority, t.tensor, t.part, t.server, t.len, t.tag);
              return r;
            })
-      .def("written", &PushScheduler::written, py::arg("server"), py::arg("len"))
+      .def(
+          "written", [](PushScheduler& s, uint32_t server, size_t len) { s.written(server, len); },
+          py::arg("server"), py::arg("len"))
       .def(
           "answered",
           [](PushScheduler& s, int priority, uint64_t tensor, uint32_t part, uint32_t server) {

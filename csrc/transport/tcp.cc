@@ -241,6 +241,7 @@ EventLoop::~EventLoop() {
 void EventLoop::start() {
   thread_ = std::thread([this] {
     name_this_thread(name_);
+    thread_id_.store(std::this_thread::get_id());
     run();
   });
 }

@@ -112,6 +112,8 @@ class EventLoop {
   void add(const std::shared_ptr<TcpConnection>& c);
   // Congestion-control restarts so far (restart_stuck_connections).
   uint64_t congestion_restarts() const { return cc_restarts_.load(std::memory_order_relaxed); }
+  // Whether the caller is this loop's thread (its frame and send callbacks run there).
+  bool on_loop_thread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
  private:
   void run();
@@ -126,6 +128,7 @@ class EventLoop {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> cc_restarts_{0};
   std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};  // the loop thread's, once it runs
   std::mutex mu_;
   std::unordered_map<TcpConnection*, std::shared_ptr<TcpConnection>> conns_;
 };

@@ -13,6 +13,10 @@ namespace fastps {
 namespace {
 // Results first: copying a finished sum out frees its slot and completes a handle.
 constexpr int kResultPriority = std::numeric_limits<int>::max();
+// Results up to this size (network parts) are copied out by the thread that received
+// them, the network thread; larger ones (a host's 1 MiB parts) by this stage, so the
+// loop is not held up long.
+constexpr size_t kInlineResultBytes = 256 << 10;
 }  // namespace
 
 LocalReducer::LocalReducer(Context ctx) : ctx_(ctx) {}
@@ -198,6 +202,10 @@ void LocalReducer::on_server_result(const PartTask& t) {
   if (ctx_.reduce) {
     // This worker owns the part: hand the global sum to the local peers.
     post(kResultPriority, [this, t] { broadcast_result(t); });
+  } else if (t.span.len <= kInlineResultBytes) {
+    // Alone on this host: the network thread that got the answer copies a network-sized
+    // part out itself; waking this stage for it cost a hand-off per part (issue 41).
+    if (ctx_.failures->error().empty()) finish_from(t, t.stage.data);
   } else {
     post(kResultPriority, [this, t] { finish_from(t, t.stage.data); });
   }

@@ -57,7 +57,8 @@ class LocalReducer {
   // owners and registers as the owner of the rest (contributions may be waiting).
   void start_parts(const std::shared_ptr<Handle>& h);
   // A server answered part t (taken out of the part table). Its sum lies in
-  // t.stage: hand it to the local peers (owner) and copy it into the output.
+  // t.stage: hand it to the local peers (owner) and copy it into the output (alone on
+  // the host, a part of at most 256 KiB on the caller's thread).
   void on_server_result(const PartTask& t);
   // Frames from local peers (called on the event loop thread).
   void* on_peer_header(Connection* c, const FrameHeader& h, std::string* why);

@@ -26,6 +26,10 @@ struct WorkerOptions {
   // A server's nudge moves a part ahead only once it has been queued this long
   // (PushScheduler::boost); 0: at once.
   int64_t nudge_min_wait_us = 0;
+  // The network thread pushes the parts that the credit or window it just freed admits,
+  // instead of waking the push thread for them (Worker::pump): no hand-off per part.
+  // Compressed parts still go through the push thread. false: every part does.
+  bool push_from_io = false;
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.
   size_t notsent_lowat = 0;
   // Rate cap per server, bytes/s, split over that server's connections

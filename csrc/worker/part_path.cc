@@ -29,12 +29,12 @@ void* PartPath::receive(Connection* c, const FrameHeader& h, std::string* why) c
 
 bool PartPath::write_part(const Link& link, const FrameHeader& hdr, const Payload& p, uint32_t to,
                           uint32_t credit_to, size_t credit_len) const {
-  return link.send(hdr, p,
-                   [scheduler = ctx_.scheduler, to, credit_to, credit_len, tensor = hdr.tensor,
-                    part = hdr.part] {
-                     trace::mark(trace::Mark::kWritten, tensor, part, to, credit_len);
-                     scheduler->written(credit_to, credit_len);
-                   });
+  return link.send(
+      hdr, p,
+      [written = &ctx_.written, to, credit_to, credit_len, tensor = hdr.tensor, part = hdr.part] {
+        trace::mark(trace::Mark::kWritten, tensor, part, to, credit_len);
+        (*written)(credit_to, credit_len);
+      });
 }
 
 void PartPath::finish_in_place(const FrameHeader& h, const PartTask& t, void* payload) const {

@@ -49,6 +49,8 @@ struct PathContext {
   WorkerStats* stats = nullptr;
   // Ends the job with this reason (Worker::abort).
   std::function<void(const std::string&)> abort;
+  // A part's bytes left for server `server` (its credit returns): Worker::on_written.
+  std::function<void(uint32_t server, size_t len)> written;
 };
 
 enum class PathKind : uint8_t { kPlain = 0, kRouted = 1, kFetch = 2, kCompressed = 3 };

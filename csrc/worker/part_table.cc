@@ -17,6 +17,7 @@ PushTicket PartTask::ticket() const {
                                  span.len / dtype_size(handle->dtype))
               : span.len;
   t.tag = handle->id;
+  t.light = !handle->compression.enabled();
   return t;
 }
 

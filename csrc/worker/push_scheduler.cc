@@ -60,36 +60,45 @@ bool PushScheduler::admits_locked(size_t s) const {
 }
 
 size_t PushScheduler::take_admissible(std::vector<PushTicket>* out,
-                                      const std::function<bool(const PushTicket&)>& keep) {
-  std::lock_guard<std::mutex> lock(mu_);
+                                      const std::function<bool(const PushTicket&)>& keep,
+                                      bool light_only) {
+  bool wake = false;
   size_t taken = 0;
-  while (!stop_) {
-    // The most urgent part among the servers that admit one; boosted parts first.
-    size_t best = queues_.size();
-    const PushTicket* pick = nullptr;
-    bool pick_boosted = false;
-    for (size_t s = 0; s < queues_.size(); ++s) {
-      if (!admits_locked(s)) continue;
-      bool boosted = false;
-      const PushTicket* head = head_locked(s, &boosted);
-      if (!pick || (boosted && !pick_boosted) ||
-          (boosted == pick_boosted && urgency(*head) < urgency(*pick))) {
-        best = s;
-        pick = head;
-        pick_boosted = boosted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!stop_) {
+      // The most urgent part among the servers that admit one; boosted parts first.
+      size_t best = queues_.size();
+      const PushTicket* pick = nullptr;
+      bool pick_boosted = false;
+      for (size_t s = 0; s < queues_.size(); ++s) {
+        if (!admits_locked(s)) continue;
+        bool boosted = false;
+        const PushTicket* head = head_locked(s, &boosted);
+        if (!pick || (boosted && !pick_boosted) ||
+            (boosted == pick_boosted && urgency(*head) < urgency(*pick))) {
+          best = s;
+          pick = head;
+          pick_boosted = boosted;
+        }
       }
+      if (!pick) break;
+      if (light_only && !pick->light) {
+        wake = true;  // the push thread sends it (compressing on the way)
+        break;
+      }
+      PushTicket t = *pick;
+      queues_[best].erase(t);
+      boosted_[best].erase(t);
+      queued_bytes_ -= t.len;
+      if (keep && !keep(t)) continue;
+      unwritten_[best] += t.len;
+      unanswered_[best][urgency(t)] = t.len;
+      out->push_back(t);
+      ++taken;
     }
-    if (!pick) break;
-    PushTicket t = *pick;
-    queues_[best].erase(t);
-    boosted_[best].erase(t);
-    queued_bytes_ -= t.len;
-    if (keep && !keep(t)) continue;
-    unwritten_[best] += t.len;
-    unanswered_[best][urgency(t)] = t.len;
-    out->push_back(t);
-    ++taken;
   }
+  if (wake) cv_.notify_one();
   return taken;
 }
 
@@ -119,25 +128,27 @@ bool PushScheduler::wait_admissible(std::vector<PushTicket>* out,
 // nothing to take and cost a futex wake and two context switches per part. With a credit
 // of several parts, written() waits until half of it is free, so that one wake-up hands
 // the transport several parts (one writev) instead of one part per wake-up.
-void PushScheduler::written(uint32_t server, size_t len) {
-  bool wake;
+bool PushScheduler::written(uint32_t server, size_t len, bool wake) {
+  bool ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
     size_t& left = unwritten_.at(server);
     left -= len;
-    wake = (left == 0 || left <= credit_bytes_ / 2) && admits_locked(server);
+    ready = (left == 0 || left <= credit_bytes_ / 2) && admits_locked(server);
   }
-  if (wake) cv_.notify_one();
+  if (ready && wake) cv_.notify_one();
+  return ready;
 }
 
-void PushScheduler::answered(const PushTicket& t) {
-  bool wake;
+bool PushScheduler::answered(const PushTicket& t, bool wake) {
+  bool ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
     unanswered_.at(t.server).erase(urgency(t));
-    wake = admits_locked(t.server);
+    ready = admits_locked(t.server);
   }
-  if (wake) cv_.notify_one();
+  if (ready && wake) cv_.notify_one();
+  return ready;
 }
 
 bool PushScheduler::boost(const PushTicket& t, int64_t now_us) {

@@ -49,6 +49,9 @@ struct PushTicket {
   size_t len = 0;         // bytes
   int64_t tag = 0;        // the caller's, passed back untouched (the worker: handle id)
   int64_t queued_us = 0;  // when the caller queued it, on the caller's clock (boost)
+  // Cheap to send (no compression on the way out): the thread that frees credit or
+  // window may push it itself (take_admissible's light_only).
+  bool light = true;
 };
 
 // The worker's clock for PushTicket::queued_us.
@@ -84,16 +87,22 @@ class PushScheduler {
   // servers, charging each to its server's credit and window. keep (if set)
   // runs under the scheduler's lock for each part taken: false drops the part
   // unsent and uncharged (it failed while queued). Returns how many were added.
+  // light_only: stops at the first admissible part that is not light and wakes the
+  // thread blocked in wait_admissible to take it (the caller is not the push thread).
   size_t take_admissible(std::vector<PushTicket>* out,
-                         const std::function<bool(const PushTicket&)>& keep = nullptr);
+                         const std::function<bool(const PushTicket&)>& keep = nullptr,
+                         bool light_only = false);
   // Blocks until take_admissible finds something (then fills out and returns
   // true) or stop() is called (returns false). Clears out first.
   bool wait_admissible(std::vector<PushTicket>* out,
                        const std::function<bool(const PushTicket&)>& keep = nullptr);
-  // A taken part's bytes left the socket buffer: they no longer use credit.
-  void written(uint32_t server, size_t len);
-  // A taken part was answered (or failed): it leaves its server's window.
-  void answered(const PushTicket& t);
+  // A taken part's bytes left the socket buffer: they no longer use credit. Returns
+  // whether the server now admits its head and the push thread should take it; wake:
+  // wake that thread (else the caller takes the part itself, take_admissible).
+  bool written(uint32_t server, size_t len, bool wake = true);
+  // A taken part was answered (or failed): it leaves its server's window. Returns and
+  // wakes as written().
+  bool answered(const PushTicket& t, bool wake = true);
   // The part t (as the worker queued it) is the last one its server waits for: pushes it
   // next. False (and nothing changes) when it is not queued (already taken, or not yet),
   // or was queued less than boost_min_wait_us before now_us (the caller's clock).

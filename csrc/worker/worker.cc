@@ -94,6 +94,7 @@ Worker::Worker(WorkerOptions opts)
   pc.error_feedback = &error_feedback_;
   pc.stats = &stats_;
   pc.abort = [this](const std::string& reason) { abort(reason); };
+  pc.written = [this](uint32_t server, size_t len) { on_written(server, len); };
   paths_ = std::make_unique<PartPaths>(pc);
 }
 
@@ -399,16 +400,54 @@ void Worker::push_loop() {
   }
 }
 
+bool Worker::pushes_here() const { return opts_.push_from_io && loop_ && loop_->on_loop_thread(); }
+
+void Worker::on_written(uint32_t server, size_t len) {
+  bool here = pushes_here();
+  if (scheduler_.written(server, len, !here) && here) pump();
+}
+
+// The network thread learns first that a server admits more (its bytes left, or its answer
+// came): pushing from here saves the push thread's wake-up, two context switches and a
+// futex call per one or two parts, most of the push path's cost per byte (issue 41).
+// Sends are non-blocking, so the loop is not held up; a compressed part's encoding would
+// be, so the push thread keeps those.
+void Worker::pump() {
+  if (pumping_) {  // a send below finished at once and called on_written
+    pump_again_ = true;
+    return;
+  }
+  pumping_ = true;
+  std::vector<PushTicket> batch;
+  std::vector<PartTask> tasks;
+  auto keep = [&](const PushTicket& k) {
+    PartTask t;
+    if (!parts_.mark_in_flight(k, &t)) return false;
+    tasks.push_back(std::move(t));
+    return true;
+  };
+  do {
+    pump_again_ = false;
+    batch.clear();
+    tasks.clear();
+    scheduler_.take_admissible(&batch, keep, true);
+    if (tasks.empty()) break;
+    pace_for_backlog();
+    for (auto& t : tasks) t.handle->path->send(t);
+  } while (pump_again_);
+  pumping_ = false;
+}
+
 // The pacing caps (options.h) assume every flow of this host sends at once. While this
 // worker has less than pacing_burst_bytes left to push, its pushes are one short burst that
 // the servers answer after it, so the caps would leave half the link idle: the paced
 // connections then run at the host's link rate. They start unpaced and get their caps with
 // the first large backlog: a socket Linux paces stays paced (at the lower of our rate and
 // its own estimate from the congestion window and the RTT), which slowed short compressed
-// rounds on the rack. Only the push thread calls this, and only a change of state costs a
-// setsockopt per connection.
+// rounds on the rack. Only a change of state costs a setsockopt per connection.
 void Worker::pace_for_backlog() {
   if (opts_.pacing_burst_bytes == 0 || !(opts_.pacing_burst_bytes_per_s > 0)) return;
+  std::lock_guard<std::mutex> lock(pacing_mu_);
   bool burst = scheduler_.backlog_bytes() < opts_.pacing_burst_bytes;
   if (burst == pacing_burst_) return;
   pacing_burst_ = burst;
@@ -504,7 +543,10 @@ void Worker::on_result(Connection* c, const FrameHeader& h, void* payload) {
   PartTask t;
   if (!parts_.take(part_key(h.tensor, h.part), &t)) return;
   trace::mark(trace::Mark::kResult, h.tensor, h.part, h.sender, h.len);
-  if (t.in_flight) scheduler_.answered(t.ticket());
+  if (t.in_flight) {
+    bool here = pushes_here();
+    if (scheduler_.answered(t.ticket(), !here) && here) pump();
+  }
   if (refers_to_slot(h) && !refers_to(h, t.stage)) {
     abort(c->desc() + " answered part " + std::to_string(h.part) + " of tensor '" +
           registry_.name_of(h.tensor) + "' in the wrong shared-memory slot");

@@ -96,7 +96,18 @@ class Worker : public FrameHandler {
   std::vector<std::shared_ptr<Handle>> bucket_handles(
       const std::vector<std::shared_ptr<FusionBucket>>& buckets);
   void push_loop();
-  // Switches the paced connections between their caps and the burst rate (push thread).
+  // A part's bytes left for server `server`: returns its credit, and pushes what that
+  // admits now, on the network thread itself (opts.push_from_io) or by waking the push
+  // thread.
+  void on_written(uint32_t server, size_t len);
+  // Whether the caller may push the parts it admitted itself: the network thread, with
+  // opts.push_from_io.
+  bool pushes_here() const;
+  // Pushes every admissible light part from the network thread (see options.h
+  // push_from_io); the first that is not light wakes the push thread.
+  void pump();
+  // Switches the paced connections between their caps and the burst rate (push thread
+  // and network thread; pacing_mu_).
   void pace_for_backlog();
   // A server's answer to a part: checked here, taken by the part's path.
   void* on_result_header(Connection* c, const FrameHeader& h, std::string* why);
@@ -145,8 +156,13 @@ class Worker : public FrameHandler {
   std::vector<std::vector<Link>> links_;
   std::thread pusher_;
   // The paced connections run at the burst rate, or (before the first large backlog) are
-  // not paced at all (start, then the push thread).
+  // not paced at all (start, then pace_for_backlog under pacing_mu_).
+  std::mutex pacing_mu_;
   bool pacing_burst_ = false;
+  // The network thread is in pump(): a send whose bytes left at once calls on_written
+  // inline, which then only asks pump() to go round again (network thread only).
+  bool pumping_ = false;
+  bool pump_again_ = false;
 };
 
 }  // namespace fastps
