@@ -246,6 +246,55 @@ TEST(PushScheduler, WaitWakesOnEnqueueAndOnStop) {
   EXPECT_FALSE(result);
 }
 
+// The network thread takes what freed credit admits (Worker::pump): written() and
+// answered() say whether the server admits its head now, and wake the push thread only
+// when asked to.
+TEST(PushScheduler, WrittenAndAnsweredSayWhetherTheServerAdmitsItsHead) {
+  PushScheduler s(200, 100, {1.0});
+  s.enqueue({part(0, 1, 0, 0, 100), part(0, 1, 1, 0, 100), part(0, 1, 2, 0, 100)});
+  std::vector<PushTicket> out;
+  ASSERT_EQ(s.take_admissible(&out), 1u);  // the window (100) holds one unanswered part
+  // Written, but the window still binds: nothing admitted.
+  EXPECT_FALSE(s.written(0, 100, false));
+  // Answered: the next part is admissible, and the caller takes it itself.
+  EXPECT_TRUE(s.answered(out[0], false));
+  out.clear();
+  ASSERT_EQ(s.take_admissible(&out, nullptr, true), 1u);
+  EXPECT_EQ(out[0].part, 1u);
+  // With wake = true a push thread asleep in wait_admissible takes the last part.
+  std::vector<PushTicket> got;
+  std::thread waiter([&] { s.wait_admissible(&got); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(s.written(0, 100, true));  // the window still binds
+  EXPECT_TRUE(s.answered(out[0], true));
+  waiter.join();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].part, 2u);
+  // Nothing left: neither says the server admits anything.
+  EXPECT_FALSE(s.written(0, 100, false));
+  EXPECT_FALSE(s.answered(got[0], false));
+}
+
+TEST(PushScheduler, LightOnlyStopsAtAHeavyPartAndWakesThePushThread) {
+  PushScheduler s(1u << 20, 0, {1.0, 1.0});
+  PushTicket heavy = part(5, 2, 0, 1, 10);
+  heavy.light = false;
+  s.enqueue({part(9, 1, 0, 0, 10), heavy, part(0, 3, 0, 0, 10)});
+  std::vector<PushTicket> out;
+  // The light urgent part is taken; the heavy one is next in urgency: stop there, though
+  // a lighter, less urgent part is admissible, so the push order stays the urgency order.
+  EXPECT_EQ(s.take_admissible(&out, nullptr, true), 1u);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].tensor, 1u);
+  EXPECT_EQ(s.queued(0) + s.queued(1), 2u);
+  // The push thread was woken for it: a waiter returns at once with both parts.
+  std::vector<PushTicket> got;
+  EXPECT_TRUE(s.wait_admissible(&got));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].tensor, 2u);
+  EXPECT_EQ(got[1].tensor, 3u);
+}
+
 // Workers with their own schedulers push to shared servers; a server answers a
 // part once every worker pushed it. Each worker queues the same tensors (same
 // priorities, same parts) but in its own order and at its own pace, while the
