@@ -381,17 +381,21 @@ size_t Worker::set_fusion_plan(const std::string& plan, const std::vector<Fusion
   return n;
 }
 
+std::function<bool(const PushTicket&)> Worker::marker(std::vector<PartTask>* tasks) {
+  // Runs under the scheduler's lock: marks the part as pushed in the part table, or drops
+  // it if it failed while it waited in the queue.
+  return [this, tasks](const PushTicket& k) {
+    PartTask t;
+    if (!parts_.mark_in_flight(k, &t)) return false;
+    tasks->push_back(std::move(t));
+    return true;
+  };
+}
+
 void Worker::push_loop() {
   std::vector<PushTicket> batch;
   std::vector<PartTask> tasks;
-  // keep() runs under the scheduler's lock: it marks the part as pushed in the
-  // part table, or drops it if it failed while it waited in the queue.
-  auto keep = [&](const PushTicket& k) {
-    PartTask t;
-    if (!parts_.mark_in_flight(k, &t)) return false;
-    tasks.push_back(std::move(t));
-    return true;
-  };
+  auto keep = marker(&tasks);
   while (true) {
     tasks.clear();
     if (!scheduler_.wait_admissible(&batch, keep)) return;
@@ -420,12 +424,7 @@ void Worker::pump() {
   pumping_ = true;
   std::vector<PushTicket> batch;
   std::vector<PartTask> tasks;
-  auto keep = [&](const PushTicket& k) {
-    PartTask t;
-    if (!parts_.mark_in_flight(k, &t)) return false;
-    tasks.push_back(std::move(t));
-    return true;
-  };
+  auto keep = marker(&tasks);
   do {
     pump_again_ = false;
     batch.clear();

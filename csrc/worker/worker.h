@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,6 +97,9 @@ class Worker : public FrameHandler {
   std::vector<std::shared_ptr<Handle>> bucket_handles(
       const std::vector<std::shared_ptr<FusionBucket>>& buckets);
   void push_loop();
+  // The scheduler's keep() for a taker (push thread or pump): takes the parts it marks as
+  // pushed into *tasks.
+  std::function<bool(const PushTicket&)> marker(std::vector<PartTask>* tasks);
   // A part's bytes left for server `server`: returns its credit, and pushes what that
   // admits now, on the network thread itself (opts.push_from_io) or by waking the push
   // thread.
