@@ -413,7 +413,7 @@ void Worker::on_written(uint32_t server, size_t len) {
 
 // The network thread learns first that a server admits more (its bytes left, or its answer
 // came): pushing from here saves the push thread's wake-up, two context switches and a
-// futex call per one or two parts, most of the push path's cost per byte (issue 41).
+// futex call per one or two parts (issue 41; docs/results/ab-2026-11-30-pushio/).
 // Sends are non-blocking, so the loop is not held up; a compressed part's encoding would
 // be, so the push thread keeps those.
 void Worker::pump() {
