@@ -207,7 +207,7 @@ void LocalReducer::reduce_owned(OwnerState st) {
   }
   PushTicket ticket = t.ticket();
   ticket.queued_us = steady_us();
-  ctx_.scheduler->enqueue({ticket});
+  ctx_.push({ticket});
 }
 
 void LocalReducer::on_server_result(const PartTask& t) {

@@ -43,7 +43,8 @@ class LocalReducer {
     LocalGroup* group = nullptr;
     BufferPool* pool = nullptr;
     PartTable* parts = nullptr;
-    PushScheduler* scheduler = nullptr;
+    // Queues a locally summed part for its server (Worker::enqueue_parts).
+    std::function<void(const std::vector<PushTicket>&)> push;
     HandleTable* handles = nullptr;
     FailureFanout* failures = nullptr;
     WorkerStats* stats = nullptr;
