@@ -317,16 +317,18 @@ void Worker::start_handles(std::vector<std::shared_ptr<Handle>> hs) {
   if (!tickets.empty()) enqueue_parts(tickets);
 }
 
-// Up to this many bytes per call the caller pushes: a small tensor's round trip then has
-// no push-thread wake-up on it (issue 41's loopback latency), and the caller's thread (the
-// training loop's) writes at most this much; a large gradient set goes through the push
-// thread, which keeps the caller free.
+// Up to this many bytes per call the caller pushes, when nothing else waits to be pushed:
+// a small tensor's round trip then has no push-thread wake-up on it (issue 41's loopback
+// latency). With a backlog the caller leaves it to the push thread and the network thread,
+// whose wake-ups are not on the round trip then: in a backward pass every gradient's sends
+// would delay the next layer (measured once without this rule: ResNet-50 at compute 1,
+// k = 2, 0.9% slower).
 static constexpr size_t kCallerPushBytes = 256 << 10;
 
 void Worker::enqueue_parts(const std::vector<PushTicket>& tickets) {
   size_t bytes = 0;
   for (auto& t : tickets) bytes += t.len;
-  bool here = opts_.push_from_io && bytes <= kCallerPushBytes;
+  bool here = opts_.push_from_io && bytes <= kCallerPushBytes && scheduler_.backlog_bytes() == 0;
   scheduler_.enqueue(tickets, !here);
   if (!here) return;
   std::vector<PushTicket> batch;
