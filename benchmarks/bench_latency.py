@@ -1,4 +1,4 @@
-"""Round-trip latency of one small push_pull on loopback, against Gloo's all_reduce.
+"""Round-trip latency of one small push_pull against Gloo's all_reduce (loopback or rack).
 
 A training step's last, small gradients (biases, norms) wait for their own round trip; so
 does every scalar a loop synchronises (a loss, a count). This measures that round trip: two
@@ -9,6 +9,12 @@ per size for fastps and for torch.distributed's Gloo all_reduce, measured in the
     python -m benchmarks.bench_latency                        # 4 KiB and 64 KiB, 2000 each
     python -m benchmarks.bench_latency --sizes 4096 65536 1048576 --iters 5000
     python -m benchmarks.bench_latency --systems fastps --out /tmp/latency.csv
+    python -m benchmarks.bench_latency --rack      # two hosts of the emulated rack (root)
+
+With ``--rack`` the two workers sit on two hosts of the emulated rack (network namespaces,
+links shaped to ``--rate``), each with a server, as in ``comm_rack``: the round trip then
+crosses a host link both ways (push to the other host's server, its answer back), where
+on loopback the two workers' local reduce on one host is the whole exchange.
 
 Every result is checked (each worker sends rank + 1, every element must come back the sum).
 The median of each worker's per-iteration time is taken, then the slower worker's (the
@@ -18,6 +24,7 @@ figure a job would see); the same for p99.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -25,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
@@ -52,6 +60,14 @@ def _measure(one_round, iters: int, warmup: int) -> Dict[str, float]:  # type: i
     return {"median_us": statistics.median(times) * 1e6, "p99_us": _percentile(times, 0.99) * 1e6}
 
 
+def _emit(rank: int, out: Dict[int, Dict[str, float]]) -> None:
+    # On the rack the orchestrator reads a file per rank; on loopback it reads stdout.
+    if os.environ.get("RACK_RESULT_DIR"):
+        rc.emit_result({"rank": rank, "sizes": out}, rank)
+    else:
+        print("RESULT " + json.dumps({"rank": rank, "sizes": out}), flush=True)
+
+
 def child_fastps(args: argparse.Namespace) -> None:
     import fastps
     import numpy as np
@@ -73,7 +89,7 @@ def child_fastps(args: argparse.Namespace) -> None:
         out[size] = _measure(one_round, args.iters, args.warmup)
         if bad[0]:
             raise SystemExit(f"rank {rank}: WRONG SUM in {bad[0]} rounds of {size} bytes")
-    print("RESULT " + json.dumps({"rank": rank, "sizes": out}), flush=True)
+    _emit(rank, out)
     fastps.barrier()
     fastps.shutdown()
 
@@ -99,7 +115,7 @@ def child_gloo(args: argparse.Namespace) -> None:
         out[size] = _measure(one_round, args.iters, args.warmup)
         if bad[0]:
             raise SystemExit(f"rank {rank}: WRONG SUM in {bad[0]} rounds of {size} bytes")
-    print("RESULT " + json.dumps({"rank": rank, "sizes": out}), flush=True)
+    _emit(rank, out)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -184,6 +200,26 @@ def run_gloo(args: argparse.Namespace) -> Dict[int, Dict[str, float]]:
     return _results(outs, "gloo")
 
 
+def run_on_rack(
+    args: argparse.Namespace, rack: Any, system: str, port: int
+) -> Dict[int, Dict[str, float]]:
+    """One run of `system` with its two workers on hosts w0 and w1 of `rack`."""
+    with tempfile.TemporaryDirectory(prefix=f"latency-{system}-") as tmp:
+        env = {"RACK_RESULT_DIR": tmp}
+        argv = _child_argv(args, system)
+        if system == "fastps":
+            launch = rc.start_fastps(
+                rack, 2, 0, argv, port, env, timeout_s=args.timeout, label=f"lat{port}"
+            )
+        else:
+            launch = rc.start_gloo(rack, 2, argv, port, env, label=f"lat{port}")
+        ok, err = rc.wait_all(rack, launch, args.timeout)
+        if not ok:
+            raise RuntimeError(f"{system} run on the rack failed:\n{err}")
+        found = rc.read_results(Path(tmp))
+    return _results(["RESULT " + json.dumps(found[r]) for r in sorted(found)], system)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 65536], help="bytes")
@@ -193,6 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, default=None, help="CSV to write")
+    p.add_argument(
+        "--rack",
+        action="store_true",
+        help="the two workers on two hosts of the emulated rack, a server on each (root)",
+    )
+    p.add_argument("--rate", type=float, default=1000.0, help="--rack: Mbit/s per host link")
     p.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [s for s in args.sizes if s < 4 or s % 4]
@@ -205,11 +247,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         child_gloo(args)
         return 0
 
-    runners = {"fastps": run_fastps, "gloo": run_gloo}
     runs: Dict[str, List[Dict[int, Dict[str, float]]]] = {s: [] for s in args.systems}
-    for rep in range(args.repeats):  # interleaved, so both see the same machine
-        for system in args.systems if rep % 2 == 0 else list(reversed(args.systems)):
-            runs[system].append(runners[system](args))
+    with contextlib.ExitStack() as stack:
+        if args.rack:
+            from benchmarks.rack import Rack, is_supported
+
+            ok, why = is_supported()
+            if not ok:
+                print(f"bench_latency: emulated rack not supported here: {why}", file=sys.stderr)
+                return 2
+            rack = stack.enter_context(
+                Rack(n_workers=2, n_cpu_hosts=0, rate_mbit=args.rate, prefix="lat")
+            )
+            ports = iter(range(29500, 29500 + 3 * 2 * args.repeats + 3, 3))
+            runners = {s: (lambda a, s=s: run_on_rack(a, rack, s, next(ports))) for s in SYSTEMS}
+        else:
+            runners = {"fastps": run_fastps, "gloo": run_gloo}
+        for rep in range(args.repeats):  # interleaved, so both see the same machine
+            for system in args.systems if rep % 2 == 0 else list(reversed(args.systems)):
+                runs[system].append(runners[system](args))
     rows = []
     for size in args.sizes:
         for system in args.systems:
@@ -217,7 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p99 = statistics.median(r[size]["p99_us"] for r in runs[system])
             rows.append({"size_bytes": size, "system": system, "median_us": med, "p99_us": p99})
     print(
-        f"round trip of one float32 tensor, 2 workers on loopback ({os.cpu_count()} CPUs, load "
+        f"round trip of one float32 tensor, 2 workers "
+        f"{f'on two rack hosts at {args.rate:g} Mbit/s' if args.rack else 'on loopback'} "
+        f"({os.cpu_count()} CPUs, load "
         f"{rc.load_text()}); medians of {args.repeats} runs x {args.iters} rounds"
     )
     print(f"{'bytes':>9} {'system':<7} {'median us':>10} {'p99 us':>8} {'vs gloo':>8}")

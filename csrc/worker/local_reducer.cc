@@ -13,10 +13,12 @@ namespace fastps {
 namespace {
 // Results first: copying a finished sum out frees its slot and completes a handle.
 constexpr int kResultPriority = std::numeric_limits<int>::max();
-// Results up to this size (network parts) are copied out by the thread that received
-// them, the network thread; larger ones (a host's 1 MiB parts) by this stage, so the
-// loop is not held up long.
-constexpr size_t kInlineResultBytes = 256 << 10;
+// Parts up to this size (network parts, small tensors) are copied, summed and handed on
+// by the thread that has them (the caller, or the network thread that received a frame);
+// larger ones (a host's 1 MiB parts) by this stage, so neither is held up long. Each
+// hand-off to the stage costs a wake-up: three of them lay on a small tensor's round
+// trip between two local workers (issue 41).
+constexpr size_t kInlineBytes = 256 << 10;
 }  // namespace
 
 LocalReducer::LocalReducer(Context ctx) : ctx_(ctx) {}
@@ -47,6 +49,14 @@ void LocalReducer::post(int priority, std::function<void()> fn) {
   jobs_cv_.notify_one();
 }
 
+void LocalReducer::here_or_post(size_t bytes, int priority, std::function<void()> fn) {
+  if (bytes > kInlineBytes) {
+    post(priority, std::move(fn));
+    return;
+  }
+  if (ctx_.failures->error().empty()) fn();  // as run() skips jobs after a failure
+}
+
 void LocalReducer::run() {
   std::unique_lock<std::mutex> lock(jobs_mu_);
   while (true) {
@@ -69,7 +79,7 @@ void LocalReducer::start_parts(const std::shared_ptr<Handle>& h) {
     t.span = p;
     if (group.owner(h->tensor->id, p.index) != ctx_.rank) {
       t.owned = false;
-      post(h->priority, [this, t] { contribute(t); });
+      here_or_post(t.span.len, h->priority, [this, t] { contribute(t); });
       continue;
     }
     OwnerState ready;
@@ -91,9 +101,10 @@ void LocalReducer::start_parts(const std::shared_ptr<Handle>& h) {
       return;
     }
     if (ready.have_task)
-      post(h->priority, [this, st = std::make_shared<OwnerState>(std::move(ready))] {
-        reduce_owned(std::move(*st));
-      });
+      here_or_post(t.span.len, h->priority,
+                   [this, st = std::make_shared<OwnerState>(std::move(ready))] {
+                     reduce_owned(std::move(*st));
+                   });
   }
 }
 
@@ -135,6 +146,7 @@ void LocalReducer::offer(Contribution c) {
   OwnerState ready;
   std::string bad;
   int priority = 0;
+  size_t len = c.hdr.len;
   {
     std::lock_guard<std::mutex> lock(own_mu_);
     OwnerState& st = owned_[key];
@@ -151,7 +163,7 @@ void LocalReducer::offer(Contribution c) {
     return;
   }
   if (ready.have_task)
-    post(priority, [this, st = std::make_shared<OwnerState>(std::move(ready))] {
+    here_or_post(len, priority, [this, st = std::make_shared<OwnerState>(std::move(ready))] {
       reduce_owned(std::move(*st));
     });
 }
@@ -195,19 +207,15 @@ void LocalReducer::reduce_owned(OwnerState st) {
   }
   PushTicket ticket = t.ticket();
   ticket.queued_us = steady_us();
-  ctx_.scheduler->enqueue({ticket});
+  ctx_.push({ticket});
 }
 
 void LocalReducer::on_server_result(const PartTask& t) {
   if (ctx_.reduce) {
     // This worker owns the part: hand the global sum to the local peers.
-    post(kResultPriority, [this, t] { broadcast_result(t); });
-  } else if (t.span.len <= kInlineResultBytes) {
-    // Alone on this host: the network thread that got the answer copies a network-sized
-    // part out itself; waking this stage for it cost a hand-off per part (issue 41).
-    if (ctx_.failures->error().empty()) finish_from(t, t.stage.data);
+    here_or_post(t.span.len, kResultPriority, [this, t] { broadcast_result(t); });
   } else {
-    post(kResultPriority, [this, t] { finish_from(t, t.stage.data); });
+    here_or_post(t.span.len, kResultPriority, [this, t] { finish_from(t, t.stage.data); });
   }
 }
 
@@ -288,10 +296,10 @@ void LocalReducer::on_peer_frame(Connection* c, const FrameHeader& h, void* payl
   if (!ctx_.parts->take(part_key(h.tensor, h.part), &t)) return;
   if (data.in_slot()) {
     t.stage = data;
-    post(kResultPriority, [this, t] { finish_from(t, t.stage.data); });
+    here_or_post(t.span.len, kResultPriority, [this, t] { finish_from(t, t.stage.data); });
   } else {
     // Already received straight into the output.
-    post(kResultPriority, [this, t] { finish_from(t, nullptr); });
+    here_or_post(t.span.len, kResultPriority, [this, t] { finish_from(t, nullptr); });
   }
 }
 

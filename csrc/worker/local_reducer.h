@@ -1,6 +1,7 @@
 // The worker's local stage: one thread that copies parts into and out of
 // shared memory and sums them, in priority order. It exists whenever the
-// worker uses shared memory (a colocated server, or local peers).
+// worker uses shared memory (a colocated server, or local peers). Parts of at
+// most 256 KiB skip it: the thread that has them does that work at once.
 //
 // With local peers it runs the local reduce (BytePS §4.2): every part has one
 // local owner (LocalGroup::owner), so all local workers agree without talking.
@@ -42,7 +43,8 @@ class LocalReducer {
     LocalGroup* group = nullptr;
     BufferPool* pool = nullptr;
     PartTable* parts = nullptr;
-    PushScheduler* scheduler = nullptr;
+    // Queues a locally summed part for its server (Worker::enqueue_parts).
+    std::function<void(const std::vector<PushTicket>&)> push;
     HandleTable* handles = nullptr;
     FailureFanout* failures = nullptr;
     WorkerStats* stats = nullptr;
@@ -57,8 +59,8 @@ class LocalReducer {
   // owners and registers as the owner of the rest (contributions may be waiting).
   void start_parts(const std::shared_ptr<Handle>& h);
   // A server answered part t (taken out of the part table). Its sum lies in
-  // t.stage: hand it to the local peers (owner) and copy it into the output (alone on
-  // the host, a part of at most 256 KiB on the caller's thread).
+  // t.stage: hand it to the local peers (owner) and copy it into the output (a part of
+  // at most 256 KiB on the caller's thread).
   void on_server_result(const PartTask& t);
   // Frames from local peers (called on the event loop thread).
   void* on_peer_header(Connection* c, const FrameHeader& h, std::string* why);
@@ -93,6 +95,9 @@ class LocalReducer {
   };
   void run();
   void post(int priority, std::function<void()> fn);
+  // Runs fn on this thread when it moves at most kInlineBytes (local_reducer.cc), else
+  // posts it to the stage.
+  void here_or_post(size_t bytes, int priority, std::function<void()> fn);
   void contribute(const PartTask& t);
   void offer(Contribution c);
   std::string check_contribution(const PartTask& t, const FrameHeader& h) const;

@@ -27,7 +27,8 @@ struct WorkerOptions {
   // (PushScheduler::boost); 0: at once.
   int64_t nudge_min_wait_us = 0;
   // The network thread pushes the parts that the credit or window it just freed admits,
-  // instead of waking the push thread for them (Worker::pump): no hand-off per part.
+  // instead of waking the push thread for them (Worker::pump): no hand-off per part; and
+  // the caller pushes a small push_pull's parts itself (Worker::enqueue_parts).
   // Compressed parts still go through the push thread. false: every part does.
   bool push_from_io = false;
   // TCP_NOTSENT_LOWAT on the connections to servers; 0: the kernel's default.

@@ -23,7 +23,7 @@ PushScheduler::PushScheduler(size_t credit_bytes, size_t window_bytes,
   unanswered_.assign(server_weights.size(), {});
 }
 
-void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
+void PushScheduler::enqueue(const std::vector<PushTicket>& parts, bool wake) {
   for (auto& p : parts)
     if (p.server >= queues_.size())
       throw std::out_of_range("part " + std::to_string(p.part) + " of tensor id " +
@@ -34,7 +34,7 @@ void PushScheduler::enqueue(const std::vector<PushTicket>& parts) {
     for (auto& p : parts)
       if (queues_[p.server].insert(p).second) queued_bytes_ += p.len;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 const PushTicket* PushScheduler::head_locked(size_t s, bool* boosted) const {

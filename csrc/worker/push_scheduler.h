@@ -81,8 +81,10 @@ class PushScheduler {
   size_t num_servers() const { return window_.size(); }
   size_t window(size_t server) const { return window_.at(server); }
 
-  // Queues parts; throws std::out_of_range for a server that does not exist.
-  void enqueue(const std::vector<PushTicket>& parts);
+  // Queues parts; throws std::out_of_range for a server that does not exist. wake: wake
+  // the push thread (false: the caller takes what is admissible itself, take_admissible
+  // with light_only, which wakes it for a part that is not light).
+  void enqueue(const std::vector<PushTicket>& parts, bool wake = true);
   // Takes every part that is admissible now, most urgent first across the
   // servers, charging each to its server's credit and window. keep (if set)
   // runs under the scheduler's lock for each part taken: false drops the part

@@ -110,6 +110,10 @@ class Worker : public FrameHandler {
   // Pushes every admissible light part from the network thread (see options.h
   // push_from_io); the first that is not light wakes the push thread.
   void pump();
+  // Queues a push_pull's parts; a small one's (at most kCallerPushBytes, nothing else
+  // queued or unwritten) the caller's thread pushes itself when the servers admit them
+  // (opts.push_from_io).
+  void enqueue_parts(const std::vector<PushTicket>& tickets);
   // Switches the paced connections between their caps and the burst rate (push thread
   // and network thread; pacing_mu_).
   void pace_for_backlog();

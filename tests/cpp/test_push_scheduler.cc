@@ -295,6 +295,40 @@ TEST(PushScheduler, LightOnlyStopsAtAHeavyPartAndWakesThePushThread) {
   EXPECT_EQ(got[1].tensor, 3u);
 }
 
+// A small push_pull's caller queues without waking the push thread and takes what is
+// admissible itself (Worker::enqueue_parts); a part that is not light still reaches the
+// push thread, woken by the caller's take.
+TEST(PushScheduler, CallerTakesItsOwnLightPartsAndHandsOnHeavyOnes) {
+  PushScheduler s(1u << 20, 0, {1.0, 1.0});
+  std::atomic<int> woken{0};
+  std::vector<PushTicket> got;
+  std::thread push_thread([&] {
+    while (s.wait_admissible(&got)) {
+      woken.fetch_add(1);
+      break;
+    }
+  });
+  s.enqueue({part(0, 1, 0, 0, 10)}, false);
+  std::vector<PushTicket> out;
+  EXPECT_EQ(s.take_admissible(&out, nullptr, true), 1u);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].tensor, 1u);
+  PushTicket heavy = part(0, 2, 0, 1, 10);
+  heavy.light = false;
+  s.enqueue({heavy}, false);
+  out.clear();
+  EXPECT_EQ(s.take_admissible(&out, nullptr, true), 0u);
+  EXPECT_TRUE(out.empty());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (woken.load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.stop();
+  push_thread.join();
+  ASSERT_EQ(woken.load(), 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tensor, 2u);  // the push thread took the heavy part, not the light one
+}
+
 // Workers with their own schedulers push to shared servers; a server answers a
 // part once every worker pushed it. Each worker queues the same tensors (same
 // priorities, same parts) but in its own order and at its own pace, while the
