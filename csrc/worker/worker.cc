@@ -330,15 +330,9 @@ void Worker::enqueue_parts(const std::vector<PushTicket>& tickets) {
   for (auto& t : tickets) bytes += t.len;
   bool here = opts_.push_from_io && bytes <= kCallerPushBytes && scheduler_.backlog_bytes() == 0;
   scheduler_.enqueue(tickets, !here);
-  if (!here) return;
-  std::vector<PushTicket> batch;
-  std::vector<PartTask> tasks;
   // What is not admissible now is admitted by a write or an answer, which push it
   // (on_written, on_result); a part that is not light wakes the push thread.
-  scheduler_.take_admissible(&batch, marker(&tasks), true);
-  if (tasks.empty()) return;
-  pace_for_backlog();
-  for (auto& t : tasks) t.handle->path->send(t);
+  if (here) send_admissible();
 }
 
 std::vector<std::shared_ptr<Handle>> Worker::bucket_handles(
@@ -446,19 +440,21 @@ void Worker::pump() {
     return;
   }
   pumping_ = true;
-  std::vector<PushTicket> batch;
-  std::vector<PartTask> tasks;
-  auto keep = marker(&tasks);
   do {
     pump_again_ = false;
-    batch.clear();
-    tasks.clear();
-    scheduler_.take_admissible(&batch, keep, true);
-    if (tasks.empty()) break;
-    pace_for_backlog();
-    for (auto& t : tasks) t.handle->path->send(t);
+    if (!send_admissible()) break;
   } while (pump_again_);
   pumping_ = false;
+}
+
+bool Worker::send_admissible() {
+  std::vector<PushTicket> batch;
+  std::vector<PartTask> tasks;
+  scheduler_.take_admissible(&batch, marker(&tasks), true);
+  if (tasks.empty()) return false;
+  pace_for_backlog();
+  for (auto& t : tasks) t.handle->path->send(t);
+  return true;
 }
 
 // The pacing caps (options.h) assume every flow of this host sends at once. While this

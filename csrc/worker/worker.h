@@ -110,6 +110,10 @@ class Worker : public FrameHandler {
   // Pushes every admissible light part from the network thread (see options.h
   // push_from_io); the first that is not light wakes the push thread.
   void pump();
+  // Takes the admissible light parts (the first that is not light wakes the push thread)
+  // and sends them from this thread: the pump's and a small push_pull's caller's one step.
+  // Returns whether it sent any.
+  bool send_admissible();
   // Queues a push_pull's parts; a small one's (at most kCallerPushBytes, nothing else
   // queued or unwritten) the caller's thread pushes itself when the servers admit them
   // (opts.push_from_io).
