@@ -169,6 +169,40 @@ def detect_link_mbit(addr: str) -> Tuple[float, str]:
     return mbit, how
 
 
+# Per frame on an Ethernet link: IPv4 and TCP headers with timestamps (52 bytes) inside the
+# MTU, the Ethernet header (14) outside it, as a shaper counts a frame (tc: the frame without
+# preamble, FCS and gap). IPv6 or a real wire's preamble carry less payload per byte: a cap
+# computed from this fraction is then a little above the payload rate, which is harmless.
+_TCP_IP_HEADERS = 52
+_ETHERNET_HEADER = 14
+DEFAULT_MTU = 1500
+
+
+def payload_fraction_for_mtu(mtu: int) -> float:
+    """TCP payload bytes per byte a link carries, in full frames of ``mtu`` bytes."""
+    if mtu <= _TCP_IP_HEADERS:
+        raise ValueError(f"an MTU of {mtu} bytes leaves no room for a TCP segment")
+    return (mtu - _TCP_IP_HEADERS) / (mtu + _ETHERNET_HEADER)
+
+
+def interface_mtu(ifname: str) -> Optional[int]:
+    """The interface's MTU, or None when it cannot be read."""
+    try:
+        with open(f"/sys/class/net/{ifname}/mtu") as f:
+            mtu = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return mtu if mtu > _TCP_IP_HEADERS else None
+
+
+def payload_fraction(addr: str) -> float:
+    """payload_fraction_for_mtu for the interface holding ``addr`` (MTU 1500 when unknown):
+    the pacing caps are counted in payload bytes, link rates in frames."""
+    ifname = interface_of(addr)
+    mtu = interface_mtu(ifname) if ifname is not None else None
+    return payload_fraction_for_mtu(mtu or DEFAULT_MTU)
+
+
 def link_mbit_for(stated: Optional[float], addr: str) -> Tuple[float, str]:
     """The rate pacing uses: the stated one (FASTPS_LINK_MBIT), else the detected one.
 

@@ -132,6 +132,14 @@ def optimal_time(n: int, k: int, model_bytes: float, bandwidth: float) -> float:
 # On the rack (n = 4, k = 2) answers paced at exactly their share took 4 points of the bound
 # more than at 1.5x; 1.2x-2x measured the same within noise (docs/performance.md section 6).
 ANSWER_HEADROOM = 1.5
+# A worker's push flow is capped at its share of the link's TCP payload rate (frames of the
+# interface's MTU: linkspeed.payload_fraction) times this. Caps are counted in payload
+# bytes, link rates in frame bytes: capped at the share of the frame rate (as until
+# 2026-12-01), pushes could run 4.6% ahead of their share at MTU 1500 and queue at the
+# shaper behind the answers. At 1.5% above the payload share, ResNet-50's gradient set on
+# the rack: the same time at every k, 11-15% more bytes per CPU-second (paired medians of
+# 5 repeats); 10% above: 0.5-1.5% slower (docs/results/comm-cpu-2026-11-30.md).
+PUSH_HEADROOM = 1.015
 
 
 def pacing_plan(
@@ -141,6 +149,7 @@ def pacing_plan(
     link_mbit: float,
     bandwidths: Optional[Mapping[str, float]] = None,
     local_reduce: bool = True,
+    payload_fraction: float = 1.0,
 ) -> tuple:
     """Rate caps (bytes/s) that split each host's link by the bytes each flow must carry.
 
@@ -153,9 +162,13 @@ def pacing_plan(
     late. Each host's rate is ``bandwidths[host]`` when stated, else ``link_mbit``.
 
     Returns ``(worker_rates, server_rates)``: ``worker_rates[r][s]`` for worker r's flow to
-    server s and ``server_rates[s][r]`` for server s's answers to worker r, the latter with
-    ANSWER_HEADROOM; 0 means unpaced (same host, or ``link_mbit <= 0``).
+    server s, that share of the link's payload rate (``payload_fraction`` of its rate:
+    linkspeed.payload_fraction) with PUSH_HEADROOM, and ``server_rates[s][r]`` for server
+    s's answers to worker r, that share of the link's rate with ANSWER_HEADROOM; 0 means
+    unpaced (same host, or ``link_mbit <= 0``).
     """
+    if not 0 < payload_fraction <= 1:
+        raise ValueError(f"payload_fraction must be in (0, 1], got {payload_fraction}")
     nw, ns = len(worker_hosts), len(server_hosts)
     worker_rates = [[0.0] * ns for _ in range(nw)]
     server_rates = [[0.0] * nw for _ in range(ns)]
@@ -182,7 +195,7 @@ def pacing_plan(
 
     for r, wh in enumerate(worker_hosts):
         for s, sh in enumerate(server_hosts):
-            worker_rates[r][s] = rate(wh, flow[r][s])
+            worker_rates[r][s] = PUSH_HEADROOM * payload_fraction * rate(wh, flow[r][s])
             server_rates[s][r] = ANSWER_HEADROOM * rate(sh, flow[r][s])
     return worker_rates, server_rates
 
@@ -242,11 +255,16 @@ def membership_weights(membership: Any) -> List[float]:
 
 
 def membership_pacing(
-    membership: Any, link_mbit: float, local_reduce: bool, rack_routes: bool = True
+    membership: Any,
+    link_mbit: float,
+    local_reduce: bool,
+    rack_routes: bool = True,
+    payload_fraction: float = 1.0,
 ) -> tuple:
     """pacing_plan for a job's membership: workers by rank, servers by id. Under the rack
     hierarchy: rack_pacing_plan's worker and server rates, or unpaced for a worker that
-    pushes flat although the job names racks (``rack_routes`` False: elastic servers)."""
+    pushes flat although the job names racks (``rack_routes`` False: elastic servers).
+    ``payload_fraction``: of this host's link (the workers' push caps, pacing_plan)."""
     workers = sorted(membership.workers, key=lambda w: w.rank)
     servers = sorted(membership.servers, key=lambda s: s.id)
     if len({getattr(w, "rack", "") for w in workers}) > 1:
@@ -261,6 +279,7 @@ def membership_pacing(
         link_mbit,
         parse_bandwidths(config.host_bandwidths()),
         local_reduce,
+        payload_fraction,
     )
 
 

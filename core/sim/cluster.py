@@ -202,8 +202,11 @@ def group_pacing(
                 push[(a.index, s.index)] = inf
                 answer[(a.index, s.index)] = inf
                 continue
-            # The kernel paces whole packets: a cap is the goodput's share of the link.
-            push[(a.index, s.index)] = lay.bytes_per_s(a.mbit) * share / egress[a.index]
+            # The kernel paces whole packets: a cap is the goodput's share of the link (and a
+            # push's, with placement.PUSH_HEADROOM, as the workers' caps).
+            push[(a.index, s.index)] = (
+                placement.PUSH_HEADROOM * lay.bytes_per_s(a.mbit) * share / egress[a.index]
+            )
             answer[(a.index, s.index)] = (
                 answer_headroom * lay.bytes_per_s(s.mbit) * share / egress[s.index]
             )

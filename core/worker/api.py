@@ -26,7 +26,7 @@ import numpy as np
 from fastps.config import MODES, Config, launched_by, topology_spec, torch_launched
 from fastps.control import elastic_wire as _elastic_wire
 from fastps.control import placement
-from fastps.control.linkspeed import link_mbit_for
+from fastps.control.linkspeed import link_mbit_for, payload_fraction
 from fastps.control.protocol import ControlClient, Membership
 from fastps.elastic import rendezvous as _elastic_rendezvous
 from fastps.errors import FastPSAbort, FastPSError, FastPSTimeoutError, WorkerLostError
@@ -160,7 +160,9 @@ def init(config: Optional[Config] = None, mode: Optional[str] = None) -> None:
             local_ranks, local_servers, num_hosts = _locality(membership, cfg.rank)
             link, how = link_mbit_for(cfg.link_mbit, cfg.host)
             log.debug("worker %d: link %.0f Mbit/s (%s)", cfg.rank, link, how)
-            worker_rates, _ = placement.membership_pacing(membership, link, cfg.shm)
+            worker_rates, _ = placement.membership_pacing(
+                membership, link, cfg.shm, payload_fraction=payload_fraction(cfg.host)
+            )
             pacing = worker_rates[cfg.rank]
             # Under the rack hierarchy the caps guard the racks' uplinks: no bursts there.
             if rack_plan is None:
@@ -274,7 +276,9 @@ def _rerouting_worker(
     def build(servers: List[Dict[str, Any]], epoch: int) -> Any:
         m = Membership.from_message({"workers": workers, "servers": servers})
         # Its cores push flat (not through rack relays): rack pacing would not fit them.
-        rates, _ = placement.membership_pacing(m, link, False, rack_routes=False)
+        rates, _ = placement.membership_pacing(
+            m, link, False, rack_routes=False, payload_fraction=payload_fraction(cfg.host)
+        )
         opts = worker_options(
             core_cfg,
             [w.hostname for w in m.workers] + [s.hostname for s in m.servers],

@@ -9,8 +9,10 @@ import pytest
 from fastps import _core
 from fastps.config import Config
 from fastps.control import placement
+from fastps.control.linkspeed import interface_mtu, payload_fraction, payload_fraction_for_mtu
 from fastps.control.placement import (
     ANSWER_HEADROOM,
+    PUSH_HEADROOM,
     ServerSpot,
     optimal_time,
     pacing_plan,
@@ -120,11 +122,12 @@ def test_parts_are_balanced_by_bytes_and_identical_on_every_worker(n: int, k: in
 
 
 def _egress(worker_hosts, server_hosts, w_rates, s_rates):
-    """Bytes/s leaving each host under a pacing plan, answers without their headroom."""
+    """Bytes/s leaving each host under a pacing plan, pushes and answers without their
+    headroom."""
     out: dict = {}
     for r, wh in enumerate(worker_hosts):
         for s, sh in enumerate(server_hosts):
-            out[wh] = out.get(wh, 0.0) + w_rates[r][s]
+            out[wh] = out.get(wh, 0.0) + w_rates[r][s] / PUSH_HEADROOM
             out[sh] = out.get(sh, 0.0) + s_rates[s][r] / ANSWER_HEADROOM
     return out
 
@@ -159,7 +162,7 @@ def test_pacing_k1_gives_the_cpu_flow_twice_a_colocated_flow() -> None:
     workers, servers = layout(4, 1)
     weights = server_weights(workers, servers)
     w_rates, s_rates = pacing_plan(workers, [s.hostname for s in servers], weights, 1000.0)
-    mbit = [round(r * 8 / 1e6, 6) for r in w_rates[0]]
+    mbit = [round(r * 8 / 1e6 / PUSH_HEADROOM, 6) for r in w_rates[0]]
     assert mbit == [0, 125, 125, 125, 250]
     assert [round(r * 8 / 1e6, 6) for r in s_rates[4]] == [250 * ANSWER_HEADROOM] * 4
     assert [round(r * 8 / 1e6, 6) for r in s_rates[0]] == [0] + [125 * ANSWER_HEADROOM] * 3
@@ -175,6 +178,41 @@ def test_pacing_unstated_link_leaves_flows_unpaced_and_honours_host_rates() -> N
     w_rates, s_rates = pacing_plan(workers, hosts, weights, 1000.0, {"c0": 400.0})
     out = _egress(workers, hosts, w_rates, s_rates)
     assert out["c0"] == pytest.approx(400e6 / 8) and out["w0"] == pytest.approx(1000e6 / 8)
+
+
+def test_push_caps_are_shares_of_the_links_payload_rate() -> None:
+    # The caps count TCP payload, a link's rate counts frames: at MTU 1500 a worker's
+    # pushes get their share of 1448/1514 of the link, with PUSH_HEADROOM; answers keep
+    # their share of the link's rate with ANSWER_HEADROOM.
+    workers, servers = layout(4, 1)
+    hosts = [s.hostname for s in servers]
+    weights = server_weights(workers, servers)
+    frac = payload_fraction_for_mtu(1500)
+    assert frac == pytest.approx(1448 / 1514)
+    plain = pacing_plan(workers, hosts, weights, 1000.0)
+    w_rates, s_rates = pacing_plan(workers, hosts, weights, 1000.0, payload_fraction=frac)
+    for r in range(4):
+        for s in range(len(hosts)):
+            assert w_rates[r][s] == pytest.approx(plain[0][r][s] * frac)
+    assert s_rates == plain[1]
+    assert w_rates[0][4] * 8 / 1e6 == pytest.approx(250 * frac * PUSH_HEADROOM)
+    # Pushes alone stay below the link's payload rate, so they cannot queue at its shaper.
+    assert sum(w_rates[0]) * 8 / 1e6 < 1000 * frac
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="payload_fraction"):
+            pacing_plan(workers, hosts, weights, 1000.0, payload_fraction=bad)
+
+
+def test_payload_fraction_follows_the_mtu() -> None:
+    assert payload_fraction_for_mtu(9000) == pytest.approx(8948 / 9014)
+    assert payload_fraction_for_mtu(1500) < payload_fraction_for_mtu(9000) < 1
+    with pytest.raises(ValueError, match="MTU of 40"):
+        payload_fraction_for_mtu(40)
+    # Loopback or an address no interface holds: MTU 1500 assumed.
+    assert payload_fraction("198.18.255.254") == pytest.approx(1448 / 1514)
+    lo_mtu = interface_mtu("lo")
+    assert lo_mtu is None or lo_mtu > 1500
+    assert interface_mtu("no-such-interface-fastps") is None
 
 
 # --- rack-level hierarchy (placement.rack_plan) -------------------------------------------
