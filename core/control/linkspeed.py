@@ -79,14 +79,19 @@ def interface_of(addr: str) -> Optional[str]:
     return None
 
 
-def sysfs_speed_mbit(ifname: str) -> Optional[float]:
-    """The line rate the driver reports, or None when it does not know it."""
+def _sysfs_number(ifname: str, attribute: str) -> Optional[float]:
+    """/sys/class/net/<ifname>/<attribute> as a number, or None when it cannot be read."""
     try:
-        with open(f"/sys/class/net/{ifname}/speed") as f:
-            speed = float(f.read().strip())
+        with open(f"/sys/class/net/{ifname}/{attribute}") as f:
+            return float(f.read().strip())
     except (OSError, ValueError):
         return None
-    return speed if speed > 0 else None
+
+
+def sysfs_speed_mbit(ifname: str) -> Optional[float]:
+    """The line rate the driver reports, or None when it does not know it."""
+    speed = _sysfs_number(ifname, "speed")
+    return speed if speed is not None and speed > 0 else None
 
 
 def _to_mbit(number: str, unit: str) -> Optional[float]:
@@ -187,12 +192,8 @@ def payload_fraction_for_mtu(mtu: int) -> float:
 
 def interface_mtu(ifname: str) -> Optional[int]:
     """The interface's MTU, or None when it cannot be read."""
-    try:
-        with open(f"/sys/class/net/{ifname}/mtu") as f:
-            mtu = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    return mtu if mtu > _TCP_IP_HEADERS else None
+    mtu = _sysfs_number(ifname, "mtu")
+    return int(mtu) if mtu is not None and mtu > _TCP_IP_HEADERS else None
 
 
 def payload_fraction(addr: str) -> float:
