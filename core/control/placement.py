@@ -137,8 +137,8 @@ ANSWER_HEADROOM = 1.5
 # bytes, link rates in frame bytes: capped at the share of the frame rate (as until
 # 2026-12-01), pushes could run 4.6% ahead of their share at MTU 1500 and queue at the
 # shaper behind the answers. At 1.5% above the payload share, ResNet-50's gradient set on
-# the rack: the same time at every k, 11-15% more bytes per CPU-second (paired medians of
-# 5 repeats); 10% above: 0.5-1.5% slower (docs/results/comm-cpu-2026-11-30.md).
+# the rack: the same time at every k, 9-22% more bytes per CPU-second (paired medians of
+# 5 repeats); 10% above: 0.5-1.5% slower (docs/results/ab-2026-12-01-push-pace/README.md).
 PUSH_HEADROOM = 1.015
 
 
