@@ -22,6 +22,16 @@ optimum of docs/design/rationale.md, t = 2n(n-1)M / ((n^2 + kn - 2k) B), both wi
 on the rack (``measure_throughput``, one TCP stream) and with B = 0.956 x rate. Every result is
 checked: each worker fills its tensors with rank + 1, so every element must come back n(n+1)/2.
 
+CPU: ``mb_per_cpu_s`` is model megabytes per second of the whole machine's CPU time,
+``job_mb_per_cpu_s`` per second of the job's own processes plus the packet work
+(benchmarks/cpu_account.py). ``wire_per_model`` is what every host sent over its link per
+iteration, in model bytes (the switch's counters, warm-up included): 2(n-1) for a ring
+all-reduce and for fastps at k = 0, more with CPU servers (BytePS's topology moves
+(n + k) x the bound's time of link bytes: 6.7 / 7.2 / 8.0 at n = 4, k = 1 / 2 / 4). On an
+emulated rack every host's packet work runs on the same cores, so CPU per model byte
+compares topologies as well as implementations; CPU per wire byte
+(``job_mb_per_cpu_s x wire_per_model``) compares the implementations.
+
     python -m benchmarks.comm_rack                                # ResNet-50, n=4, k=0,1,2,4
     python -m benchmarks.comm_rack --models resnet50 vgg16 --iters 3 --warmup 1
     python -m benchmarks.comm_rack --models vgg16 --scale 0.25    # a quarter of every tensor
@@ -72,6 +82,7 @@ FIELDS = [
     "mb_per_cpu_s",
     "job_cpu_s_per_iter",
     "job_mb_per_cpu_s",
+    "wire_per_model",
     "status",
     "note",
 ]
@@ -330,6 +341,13 @@ class Runner:
         sampling = linkstat.sampling(self.rack.switch_ns, out, self.args.run_timeout)
         return stack.enter_context(sampling)
 
+    def wire_bytes(self, before: Dict[str, Tuple[int, int]]) -> int:
+        """Bytes every host sent over its link since ``before`` (its switch's counters):
+        what the kernel moved for the job, warm-up included (a ring all-reduce sends
+        2(n-1) model bytes per iteration; a PS with k CPU servers more, see wire_per_model)."""
+        after = linkstat.namespace_counters(self.rack.switch_ns)
+        return linkstat.egress_bytes(before, after, [h.name for h in self.rack.hosts])
+
     def run_one(self, system: str, model: str, n: int, k: int, python: str) -> Dict[str, Any]:
         args = self.args
         port = self.next_port()
@@ -343,6 +361,7 @@ class Runner:
             if JobCpuSampler.available():
                 job_cpu = stack.enter_context(JobCpuSampler(f"{args.prefix}-{system}-{port}"))
             env = {"RACK_RESULT_DIR": tmp}
+            wire_before = linkstat.namespace_counters(self.rack.switch_ns)
             if system == "fastps":
                 # Defaults: each process reads its host's link rate (the htb class here)
                 # and paces its flows (--fastps-env FASTPS_LINK_MBIT=0 turns that off).
@@ -359,6 +378,7 @@ class Runner:
             if job_cpu is not None:
                 _charge(job_cpu, [p.pid for p in launch.procs])
             ok, err = rc.wait_all(self.rack, launch, args.run_timeout)
+            wire = self.wire_bytes(wire_before)
             times, why = _collect(Path(tmp), n)
             cpu_s = _cpu_per_iter(cpu, Path(tmp), args.iters)
             job_cpu_s = _cpu_per_iter(job_cpu, Path(tmp), args.iters) if job_cpu else None
@@ -377,6 +397,8 @@ class Runner:
             row.update(cpu_s_per_iter=cpu_s, mb_per_cpu_s=row["model_mb"] / cpu_s)
         if job_cpu_s:
             row.update(job_cpu_s_per_iter=job_cpu_s, job_mb_per_cpu_s=row["model_mb"] / job_cpu_s)
+        if wire:
+            row["wire_per_model"] = wire / (args.warmup + args.iters) / (row["model_mb"] * 1e6)
         print(
             f"  {system:8s} {model} n={n} k={k}: {row['time_s']:.3f} s/iter, "
             f"{row['goodput_gbit']:.3f} Gbit/s, {100 * row['frac_bound']:.0f}% of bound "
@@ -429,7 +451,8 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
     print()
     print(
         f"{'model':9s} {'system':8s} {'n':>2s} {'k':>2s} {'s/iter':>8s} {'Gbit/s':>7s} "
-        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s} {'MB/CPU-s':>8s} {'job':>5s}  status"
+        f"{'bound s':>8s} {'%bound':>7s} {'%nominal':>8s} {'MB/CPU-s':>8s} {'job':>5s} "
+        f"{'wire':>5s}  status"
     )
     for r in rows:
         if "time_s" in r:
@@ -438,12 +461,13 @@ def _print_table(rows: Sequence[Dict[str, Any]]) -> None:
                 f"{r['time_s']:8.3f} {r['goodput_gbit']:7.3f} {r['bound_s']:8.3f} "
                 f"{100 * r['frac_bound']:6.1f}% {100 * r['frac_bound_nominal']:7.1f}% "
                 f"{r.get('mb_per_cpu_s', float('nan')):8.0f} "
-                f"{r.get('job_mb_per_cpu_s', float('nan')):5.0f}  {r['status']} {r['note']}"
+                f"{r.get('job_mb_per_cpu_s', float('nan')):5.0f} "
+                f"{r.get('wire_per_model', float('nan')):5.2f}  {r['status']} {r['note']}"
             )
         else:
             print(
                 f"{r['model']:9s} {r['system']:8s} {r['n']:2d} {r['k']:2d} {'-':>8s} "
-                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s} {'-':>5s}  "
+                f"{'-':>7s} {r['bound_s']:8.3f} {'-':>7s} {'-':>8s} {'-':>8s} {'-':>5s} {'-':>5s}  "
                 f"{r['status']}"
             )
 
@@ -522,6 +546,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                                     "mb_per_cpu_s",
                                     "job_cpu_s_per_iter",
                                     "job_mb_per_cpu_s",
+                                    "wire_per_model",
                                 ):
                                     if col in base:
                                         r[col] = base[col]

@@ -41,15 +41,40 @@ from typing import Dict, Iterator, List, Optional, Tuple
 Series = Dict[str, List[Tuple[float, float, float]]]
 
 
+def _parse_dev(text: str) -> Dict[str, Tuple[int, int]]:
+    """{device: (rx_bytes, tx_bytes)} from the text of /proc/net/dev."""
+    out: Dict[str, Tuple[int, int]] = {}
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
+
+
 def read_counters() -> Dict[str, Tuple[int, int]]:
     """{device: (rx_bytes, tx_bytes)} of this network namespace."""
-    out: Dict[str, Tuple[int, int]] = {}
     with open("/proc/net/dev") as f:
-        for line in f.readlines()[2:]:
-            name, _, rest = line.partition(":")
-            fields = rest.split()
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
-    return out
+        return _parse_dev(f.read())
+
+
+def namespace_counters(ns: str) -> Dict[str, Tuple[int, int]]:
+    """read_counters of another network namespace (``ip netns exec NS``; root)."""
+    res = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", "/proc/net/dev"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    return _parse_dev(res.stdout)
+
+
+def egress_bytes(
+    before: Dict[str, Tuple[int, int]], after: Dict[str, Tuple[int, int]], hosts: List[str]
+) -> int:
+    """Bytes the named hosts sent between two namespace_counters of their switch (the
+    switch side's rx is the host's egress): each byte on the wire counted once."""
+    return sum(after[h][0] - before[h][0] for h in hosts if h in before and h in after)
 
 
 def sample(out: Path, interval_s: float, seconds: float) -> int:

@@ -135,3 +135,20 @@ def test_sampling_says_when_the_sampler_failed(
         time.sleep(1.0)  # let `ip netns exec` fail on its own
     err = capsys.readouterr().err
     assert "fastps-no-such-namespace" in err and str(out) in err
+
+
+def test_egress_bytes_counts_each_named_host_once() -> None:
+    # /proc/net/dev's layout: two header lines, then rx bytes in field 1, tx bytes in field 9.
+    def dev(w0: int, c0: int) -> str:
+        head = "Inter-|   Receive |  Transmit\n face |bytes packets ...|bytes packets ...\n"
+        rows = [f"    w0: {w0} 10 0 0 0 0 0 0 {w0 // 2} 5 0 0 0 0 0 0"]
+        rows.append(f"    c0: {c0} 10 0 0 0 0 0 0 7 5 0 0 0 0 0 0")
+        rows.append("    lo: 99 1 0 0 0 0 0 0 99 1 0 0 0 0 0 0")
+        return head + "\n".join(rows) + "\n"
+
+    before = linkstat._parse_dev(dev(1000, 500))
+    after = linkstat._parse_dev(dev(4000, 2500))
+    assert before["w0"] == (1000, 500)
+    assert linkstat.egress_bytes(before, after, ["w0", "c0"]) == 3000 + 2000
+    # A host missing on either side (a link set up during the run) counts nothing.
+    assert linkstat.egress_bytes(before, after, ["w0", "w9"]) == 3000
