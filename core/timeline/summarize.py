@@ -169,6 +169,24 @@ def stragglers(tl: Timeline) -> Tuple[Dict[str, Dict[str, float]], Optional[str]
     return table, name
 
 
+def server_waits(tl: Timeline) -> List[Tuple[str, int, float, float, float]]:
+    """(server, parts, median, p90, max us) of each server's "wait for workers": from a part's
+    first push to its last. A server answers a part only once every worker's push of it is
+    in, so long waits are workers pushing the same part far apart in time (the server's
+    answers wait for the slowest); at a colocated server the host's own worker's push, which
+    crosses no link, comes first, so its waits include the network's queue too."""
+    groups: Dict[str, List[float]] = {}
+    for s in tl.stages:
+        if s.name == "wait for workers" and s.proc.startswith("server"):
+            groups.setdefault(s.proc, []).append(s.dur)
+    out = []
+    for proc in sorted(groups, key=lambda x: int(x.split()[1])):
+        d = sorted(groups[proc])
+        p90 = d[min(len(d) - 1, int(0.9 * len(d)))]
+        out.append((proc, len(d), statistics.median(d), p90, d[-1]))
+    return out
+
+
 def critical_path(tl: Timeline, k: int) -> List[str]:
     """The chain of stages that ended iteration k, newest last, as lines of text."""
     parts = [s for s in tl.worker_parts() if s.args["round"] == k]
@@ -305,6 +323,17 @@ def report(tl: Timeline, iteration: Optional[int] = None) -> str:
         )
     else:
         out.append("straggler: none")
+    waits = server_waits(tl)
+    if waits:
+        out.append("")
+        out.append("how long each server's parts waited for the last worker's push:")
+        names = {pid - SERVER_PID_BASE: n for pid, n in tl.processes.items()}
+        for proc, n_parts, w_med, w_p90, w_max in waits:
+            where = names.get(int(proc.split()[1]), proc)
+            out.append(
+                f"  {where:28} {n_parts:6d} parts  median {_ms(w_med):>11}  "
+                f"p90 {_ms(w_p90):>11}  max {_ms(w_max):>11}"
+            )
     out.append("")
     out.append("links (over the traced iterations):      bytes   busy    GB/s   of link")
     for link, nbytes, busy, gbps, util in link_table(tl):
