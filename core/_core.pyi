@@ -127,6 +127,7 @@ class ServerOptions:
     round_quorum_fraction: float
     quorum_history: int
     nudge: bool
+    nudge_overdue_us: int
     staleness: int
     def __init__(self) -> None: ...
 

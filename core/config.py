@@ -102,6 +102,10 @@ DEFAULT_WINDOW_BYTES = 1 * MiB  # unanswered bytes more urgent than the next par
 # the ideal against 0.890 at once); on the rack 10 ms lost there instead (0.889 / 0.891
 # against 0.924 / 0.919 at once, paired runs, docs/performance.md §9), so at once it stays.
 DEFAULT_NUDGE_MIN_WAIT = 0.0
+# A part half its pushers have pushed for this long is nudged at a missing pusher when that
+# pusher pushes another part to the same server (it skipped it: its order diverged); a
+# pusher just behind in the same order pushes it sooner (docs/design/architecture.md).
+DEFAULT_NUDGE_OVERDUE = 0.05
 # Tensor fusion (csrc/worker/fusion.h): gradients smaller than this travel packed with their
 # neighbours in the priority order, in buckets of at most this size (and at most one part),
 # so a model of many small tensors costs a few parts instead of one per tensor
@@ -728,8 +732,10 @@ class Config:
     # default): each process reads its own host's rate (core/control/linkspeed.py).
     link_mbit: Optional[float] = None
     shm: bool = True
-    # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE).
+    # Servers nudge a part's last pusher once every other copy is in, and a pusher that
+    # skipped a part half in for nudge_overdue seconds (FASTPS_NUDGE, FASTPS_NUDGE_OVERDUE).
     nudge: bool = True
+    nudge_overdue: float = DEFAULT_NUDGE_OVERDUE
     nudge_min_wait: float = DEFAULT_NUDGE_MIN_WAIT  # seconds queued before a nudge counts
     # The network thread pushes the parts that freed credit admits (FASTPS_PUSH_FROM_IO;
     # off: the push thread takes every part, one wake-up per one or two parts).
@@ -862,6 +868,7 @@ class Config:
         shm = e.switch("FASTPS_SHM", True)
         nudge = e.switch("FASTPS_NUDGE", True)
         nudge_min_wait = e.seconds0("FASTPS_NUDGE_MIN_WAIT", DEFAULT_NUDGE_MIN_WAIT)
+        nudge_overdue = e.seconds0("FASTPS_NUDGE_OVERDUE", DEFAULT_NUDGE_OVERDUE)
         push_from_io = e.switch("FASTPS_PUSH_FROM_IO", True)
 
         partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")
@@ -916,6 +923,7 @@ class Config:
             shm=shm,
             nudge=nudge,
             nudge_min_wait=nudge_min_wait,
+            nudge_overdue=nudge_overdue,
             push_from_io=push_from_io,
             elastic_servers=elastic_servers,
             shm_bytes=e.size("FASTPS_SHM_BYTES", DEFAULT_SHM_BYTES),

@@ -63,6 +63,7 @@ def server_options(cfg: Config) -> _core_types.ServerOptions:
     opts.quorum_history = cfg.quorum_history
     opts.staleness = cfg.staleness
     opts.nudge = cfg.nudge
+    opts.nudge_overdue_us = round(cfg.nudge_overdue * 1e6)
     return opts
 
 

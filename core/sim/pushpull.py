@@ -43,9 +43,12 @@ class CommOptions:
     # Answers' pacing over their share, as the real servers (placement.ANSWER_HEADROOM):
     # the headroom only takes a link's spare room (fastps.sim.network, "Headroom").
     answer_headroom: float = placement.ANSWER_HEADROOM
-    # Servers nudge a part's last pusher once every other copy is in (FASTPS_NUDGE; the
-    # real scheduler's boost). Modelled one latency after that copy, ahead of any answer.
+    # Servers nudge a part's last pusher once every other copy is in, and a pusher that
+    # pushes another part there while this one has been half in for nudge_overdue_s
+    # (FASTPS_NUDGE; the real engine's rule and scheduler's boost). Modelled one latency
+    # after that push, ahead of any answer.
     nudge: bool = True
+    nudge_overdue_s: float = config.DEFAULT_NUDGE_OVERDUE
     # ... which moves a part ahead only once it has waited this long in the worker's queue
     # (FASTPS_NUDGE_MIN_WAIT).
     nudge_min_wait_s: float = config.DEFAULT_NUDGE_MIN_WAIT
@@ -57,6 +60,8 @@ class CommOptions:
             raise ValueError(f"window_bytes must be >= 0, got {self.window_bytes}")
         if not 0 < self.compression <= 1:
             raise ValueError(f"compression must be in (0, 1], got {self.compression}")
+        if not self.nudge_overdue_s >= 0:
+            raise ValueError(f"nudge_overdue_s must be >= 0, got {self.nudge_overdue_s}")
         if not self.nudge_min_wait_s >= 0:
             raise ValueError(f"nudge_min_wait_s must be >= 0, got {self.nudge_min_wait_s}")
         if not self.answer_headroom >= 1:
@@ -188,6 +193,8 @@ class PushPull:
         self._ids: Dict[str, int] = {}
         self._arrived: Dict[Tuple[int, int, int], int] = {}  # (server, tensor, part) -> groups
         self._pushers: Dict[Tuple[int, int, int], Set[int]] = {}  # ... which ones (nudges)
+        # (server, worker group) -> parts half in without its copy: (since, key, prio)
+        self._awaited: Dict[Tuple[int, int], Deque[Tuple[float, Tuple[int, int, int], int]]] = {}
         # As the real servers: nudges where every pusher is one worker, 3 or more of them.
         groups = lay.worker_groups
         self._nudges = opts.nudge and len(groups) >= 3 and all(g.count == 1 for g in groups)
@@ -267,9 +274,16 @@ class PushPull:
         if self._nudges:
             pushed = self._pushers.setdefault(key, set())
             pushed.add(pusher)
+            lat = self.lay.cluster.latency_s
+            self._nudge_overdue(s, pusher)
             if got == len(groups) - 1:
                 last = next(g for g in groups if g.index not in pushed)
-                self.loop.after(self.lay.cluster.latency_s, self._nudge, last, s, tid, idx, prio)
+                self.loop.after(lat, self._nudge, last, s, tid, idx, prio)
+            elif got == (len(groups) + 1) // 2:
+                for g in groups:
+                    if g.index not in pushed:
+                        q = self._awaited.setdefault((s, g.index), deque())
+                        q.append((self.loop.now, key, prio))
         if got < len(groups):
             self._arrived[key] = got
             return
@@ -280,6 +294,20 @@ class PushPull:
             self.answer_conn[(a.index, s)].send(
                 wire, _noop, partial(self._answered, a, s, tid, idx, prio)
             )
+
+    def _nudge_overdue(self, s: int, pusher: int) -> None:
+        q = self._awaited.get((s, pusher))
+        while q:
+            since, key, prio = q[0]
+            pushed = self._pushers.get(key)
+            if pushed is not None and pusher not in pushed:
+                if self.loop.now - since < self.opts.nudge_overdue_s:
+                    return
+                group = next(g for g in self.lay.worker_groups if g.index == pusher)
+                self.loop.after(
+                    self.lay.cluster.latency_s, self._nudge, group, s, key[1], key[2], prio
+                )
+            q.popleft()
 
     def _nudge(self, group: HostGroup, s: int, tid: int, idx: int, prio: int) -> None:
         if self.sched[group.index].boost(prio, tid, idx, s, 0, self.loop.now):

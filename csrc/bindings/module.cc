@@ -70,6 +70,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("round_quorum_fraction", &ServerOptions::round_quorum_fraction)
       .def_readwrite("quorum_history", &ServerOptions::quorum_history)
       .def_readwrite("nudge", &ServerOptions::nudge)
+      .def_readwrite("nudge_overdue_us", &ServerOptions::nudge_overdue_us)
       .def_readwrite("staleness", &ServerOptions::staleness);
 
   py::class_<WorkerOptions> wo(m, "WorkerOptions");

@@ -24,7 +24,7 @@ enum class MsgType : uint8_t {
   kLocalPush = 8,    // worker -> local owner of a part: my contribution to it
   kLocalResult = 9,  // local owner -> worker: the part's global sum
   kLocalError = 10,  // local owner -> worker: this tensor failed (payload: text)
-  kNudge = 11,       // server -> worker: every other copy of this part is in; push it next
+  kNudge = 11,       // server -> worker: push this part next, the others' copies wait for yours
                      // (len 0; round: the round the server is waiting to close)
 };
 

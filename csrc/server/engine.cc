@@ -1,5 +1,6 @@
 #include "server/engine.h"
 
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -13,6 +14,12 @@
 
 namespace fastps {
 
+static int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const EngineRules& rules)
     : index_(index),
       num_workers_(num_workers),
@@ -21,6 +28,8 @@ SumEngine::SumEngine(int index, uint32_t num_workers, uint32_t server_id, const 
       params_(num_workers, rules.staleness, server_id, rules.quorum, rules.quorum_fraction,
               rules.quorum_history),
       nudge_(rules.nudge),
+      nudge_overdue_us_(rules.nudge_overdue_us),
+      awaited_(num_workers),
       conn_of_rank_(num_workers),
       compressed_(num_workers, server_id, [this](const FrameHeader& h, const std::string& m) {
         if (broadcast_error_) broadcast_error_(h, m);
@@ -236,8 +245,19 @@ void SumEngine::handle(PushWork& w) {
   if (quorum) quorum_.note_push(key, h.sender, h.round);
   ++st.count;
   if (nudge_ && !quorum && st.owner == kNotRelayed && st.expected == num_workers_ &&
-      num_workers_ >= 3 && st.count + 1 == st.expected)
-    nudge_last(st, h);
+      num_workers_ >= 3) {
+    int64_t now = steady_us();
+    nudge_overdue(h.sender, now);
+    if (st.count + 1 == st.expected) {
+      for (uint32_t i = 0; i < num_workers_; ++i)
+        if (!st.reply_to[i]) send_nudge(i, h, st.round);
+    } else if (st.count == (st.expected + 1) / 2) {
+      // Half in: a pusher still missing it when it pushes something else here after
+      // nudge_overdue_us skipped it (its order diverged) and is nudged then.
+      for (uint32_t i = 0; i < num_workers_; ++i)
+        if (!st.reply_to[i]) awaited_[i].push_back(Awaited{h, st.round, now});
+    }
+  }
   if (quorum ? !quorum_.may_close(key, st.round, st.count, st.expected) : st.count < st.expected)
     return;
   trace::mark(trace::Mark::kAllIn, h.tensor, h.part, h.sender, h.len);
@@ -251,23 +271,35 @@ void SumEngine::handle(PushWork& w) {
   complete(st, h);
 }
 
-void SumEngine::nudge_last(const KeyState& st, const FrameHeader& h) {
-  for (uint32_t i = 0; i < num_workers_; ++i) {
-    if (st.reply_to[i]) continue;
-    auto conn = conn_of_rank_[i].lock();  // unknown until that worker pushed something here
-    if (!conn) return;
-    FrameHeader n{};
-    n.magic = kFrameMagic;
-    n.type = static_cast<uint8_t>(MsgType::kNudge);
-    n.dtype = h.dtype;
-    n.sender = server_id_;
-    n.part = h.part;
-    n.tensor = h.tensor;
-    n.tensor_bytes = h.tensor_bytes;
-    n.round = st.round;
-    // Ahead of the answers queued to that worker: it may be waiting behind them.
-    if (conn->send_first(n)) nudges_++;
-    return;
+void SumEngine::send_nudge(uint32_t rank, const FrameHeader& h, uint64_t round) {
+  auto conn = conn_of_rank_[rank].lock();  // unknown until that worker pushed something here
+  if (!conn) return;
+  FrameHeader n{};
+  n.magic = kFrameMagic;
+  n.type = static_cast<uint8_t>(MsgType::kNudge);
+  n.dtype = h.dtype;
+  n.sender = server_id_;
+  n.part = h.part;
+  n.tensor = h.tensor;
+  n.tensor_bytes = h.tensor_bytes;
+  n.round = round;
+  // Ahead of the answers queued to that worker: it may be waiting behind them.
+  if (conn->send_first(n)) nudges_++;
+}
+
+void SumEngine::nudge_overdue(uint32_t rank, int64_t now_us) {
+  auto& q = awaited_[rank];
+  while (!q.empty()) {
+    const Awaited& a = q.front();
+    auto it = keys_.find(part_key(a.hdr.tensor, a.hdr.part));
+    bool still = it != keys_.end() && it->second.round == a.round && it->second.error.empty() &&
+                 it->second.count < it->second.expected && !it->second.reply_to[rank];
+    if (still) {
+      if (now_us - a.since_us < nudge_overdue_us_) return;  // the rest are younger still
+      // Not the part being pushed now: that one is in (reply_to) by the time this runs.
+      send_nudge(rank, a.hdr, a.round);
+    }
+    q.pop_front();
   }
 }
 

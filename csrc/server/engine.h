@@ -37,9 +37,13 @@ struct EngineRules {
   uint32_t quorum_history = 8;  // closed rounds kept for late pushers
   int64_t staleness = -1;       // async: SSP bound (< 0: unbounded)
   // Nudge the last pusher of a part when every other pusher's copy is in (MsgType::kNudge;
-  // push_scheduler.h says why). Only where every worker pushes (no local reduce, no relay),
-  // with at least 3 pushers (with 2, the first copy would nudge the other at once).
+  // push_scheduler.h says why), and each missing pusher of a part whose half the copies have
+  // been in for nudge_overdue_us when that pusher pushes another part here (it skipped
+  // this one; one just behind in the same order pushes it sooner). Only where every
+  // worker pushes (no local reduce, no relay), with at least 3 pushers (with 2, the first
+  // copy would nudge the other at once).
   bool nudge = true;
+  int64_t nudge_overdue_us = 50000;
 };
 
 struct PushWork {
@@ -114,8 +118,10 @@ class SumEngine {
   // Relayed parts: the rack's sum goes up; the owner's answer (or error) comes down.
   void relay_up(KeyState& st, const FrameHeader& h);
   void relay_down(PushWork& w);
-  // Every pusher but one has pushed this round of the part: tells that one.
-  void nudge_last(const KeyState& st, const FrameHeader& h);
+  // Sends rank a nudge for round `round` of part h.part of h.tensor, if its connection is known.
+  void send_nudge(uint32_t rank, const FrameHeader& h, uint64_t round);
+  // rank pushed (a part other than those): nudges it for its overdue parts here.
+  void nudge_overdue(uint32_t rank, int64_t now_us);
 
   int index_;
   uint32_t num_workers_;
@@ -144,6 +150,14 @@ class SumEngine {
   std::atomic<uint64_t> late_outer_{0};
   std::atomic<uint64_t> nudges_{0};
   bool nudge_;
+  int64_t nudge_overdue_us_;
+  // Per rank, the parts half in without its copy, oldest first (EngineRules::nudge).
+  struct Awaited {
+    FrameHeader hdr;  // the push that made half (tensor, part, dtype, bytes)
+    uint64_t round;
+    int64_t since_us;
+  };
+  std::vector<std::deque<Awaited>> awaited_;
   // Per worker rank, the connection of its last push (never a rack relay's).
   std::vector<std::weak_ptr<Connection>> conn_of_rank_;
   CompressedSum compressed_;  // compressed parts' rounds (docs/guide/compression.md)

@@ -16,6 +16,8 @@ void check_options(const ServerOptions& o) {
   if (o.host.empty()) bad("host", "''", "must name an address to bind");
   if (o.port < 0 || o.port > 65535) bad("port", std::to_string(o.port), "must be in 0..65535");
   if (o.io_threads < 1) bad("io_threads", std::to_string(o.io_threads), "must be >= 1");
+  if (o.nudge_overdue_us < 0)
+    bad("nudge_overdue_us", std::to_string(o.nudge_overdue_us), "must be >= 0");
   if (o.engine_threads < 0)
     bad("engine_threads", std::to_string(o.engine_threads),
         "must be >= 0 (0: sum on the receiving thread)");

@@ -30,8 +30,10 @@ struct ServerOptions {
   double round_quorum_fraction = 0;
   uint32_t quorum_history = 8;
   int64_t staleness = -1;
-  // Nudge the last pusher of a part (engine.h, EngineRules::nudge).
+  // Nudge the pushers a part waits for (engine.h, EngineRules::nudge), and after how long
+  // half in a skipped part counts (FASTPS_NUDGE_OVERDUE).
   bool nudge = true;
+  int64_t nudge_overdue_us = 50000;
 };
 
 // Throws std::invalid_argument naming the first field that is unset or out of range.

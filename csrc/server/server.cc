@@ -50,6 +50,7 @@ int Server::start() {
     rules.quorum_history = opts_.quorum_history;
     rules.staleness = opts_.staleness;
     rules.nudge = opts_.nudge;
+    rules.nudge_overdue_us = opts_.nudge_overdue_us;
     engines_.push_back(std::make_unique<SumEngine>(i, opts_.num_workers, opts_.server_id, rules));
     engines_.back()->set_error_broadcast(
         [this](const FrameHeader& h, const std::string& m) { broadcast(MsgType::kError, h, m); });

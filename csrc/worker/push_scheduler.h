@@ -17,15 +17,15 @@
 //   and not answered; every worker that has not pushed it has it, or something
 //   more urgent, at the head of its queue, and nothing unanswered ahead of
 //   that, so it may push it.
-// A server may nudge a worker (boost): every other pusher's copy of a part is in and only
-// this worker's is missing. The part then goes before every other part for that server
-// and outside the window (not the credit): a worker whose order diverged (a more urgent
-// gradient arrived just before or just after its link was free) would otherwise leave the
-// part for the end of the round while the server's answers for it wait. Deadlock freedom
-// holds: a boosted part only needs credit, which frees as bytes are written. Only a part
-// that has waited in the queue at least boost_min_wait is boosted (FASTPS_NUDGE_MIN_WAIT,
-// default 0): one queued just now is late because this worker is (its backward pass ran
-// behind), not because its order diverged.
+// A server may nudge a worker (boost): every other pusher's copy of a part is in, or half
+// of them have waited a while and this worker pushed other parts instead (server/engine.h). The
+// part then goes before every other part for that server and outside the window (not the credit): a
+// worker whose order diverged (a more urgent gradient arrived just before or just after its link
+// was free) would otherwise leave the part for the end of the round while the server's answers for
+// it wait. Deadlock freedom holds: a boosted part only needs credit, which frees as bytes are
+// written. Only a part that has waited in the queue at least boost_min_wait is boosted
+// (FASTPS_NUDGE_MIN_WAIT, default 0): one queued just now is late because this worker is (its
+// backward pass ran behind), not because its order diverged.
 #pragma once
 #include <chrono>
 #include <condition_variable>

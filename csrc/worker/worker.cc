@@ -534,8 +534,8 @@ void Worker::on_frame(Connection* c, const FrameHeader& h, void* payload) {
     return;
   }
   if (type == MsgType::kNudge) {
-    // Every other worker's copy of this part is at the server: push it next, unless it is
-    // already on its way (or not submitted yet, or the local peer pushes it). A nudge that
+    // The other workers' copies of this part wait at the server for ours: push it next, unless it
+    // is already on its way (or not submitted yet, or the local peer pushes it). A nudge that
     // crossed this worker's push meets the tensor's next round, if queued: that part only
     // goes a little early.
     PartTask t;

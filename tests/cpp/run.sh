@@ -38,7 +38,7 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     -DFASTPS_BUILD_TESTS=ON -DFASTPS_SANITIZE="$SANFLAG" \
     -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
 fi
-TARGETS=(test_push_scheduler test_partitioner test_fusion test_kernels test_wire test_link test_loopback test_trace test_compression test_outer_optimizer test_part_path)
+TARGETS=(test_push_scheduler test_partitioner test_fusion test_kernels test_wire test_link test_loopback test_trace test_compression test_outer_optimizer test_part_path test_engine_nudges)
 JOBS="$(nproc 2>/dev/null || echo 2)"
 cmake --build "$BUILD" --parallel "$JOBS" --target "${TARGETS[@]}"
 cd "$BUILD"

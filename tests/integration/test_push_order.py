@@ -74,6 +74,29 @@ def test_servers_nudge_the_last_pusher(nudge: str, min_wait: str, nudged_some: b
             assert sum(nudged) == 0, (nudged, job.dump())
 
 
+def test_four_workers_nudged_for_every_skipped_part_keep_exact_sums() -> None:
+    # Four workers in shuffled orders on four hosts: with FASTPS_NUDGE_OVERDUE=0 a worker is
+    # nudged about every part half in without it as soon as it pushes another one there, so
+    # nudges cross pushes all the time; every sum must stay exact and every job finish.
+    env = {
+        "FASTPS_PARTITION_BYTES": "8K",
+        "FASTPS_CREDIT_BYTES": "8K",
+        "FASTPS_OP_TIMEOUT": "60",
+        "FASTPS_NUDGE_OVERDUE": "0",
+    }
+    hosts = ["a", "b", "c", "d"]
+    with Job(
+        4, 4, [ORDER_WORKER, "priority"], worker_hosts=hosts, server_hosts=hosts, env=env
+    ) as job:
+        job.wait(120, job.workers())
+        nudged = []
+        for w in job.workers():
+            m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
+            assert w.popen.returncode == 0 and m, job.dump()
+            nudged.append(int(m.group(1)))
+        assert sum(nudged) > 0, (nudged, job.dump())
+
+
 @pytest.mark.parametrize("mode", ["large-equal", "large-priority"])
 def test_large_tensors_in_opposite_orders_finish(mode: str) -> None:
     # Two emulated hosts, TCP pushes with the default window and 256 KiB parts: each
