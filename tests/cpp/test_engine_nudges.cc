@@ -5,58 +5,18 @@
 
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "protocol/messages.h"
+#include "recording_conn.h"
 #include "server/engine.h"
 #include "transport/connection.h"
 #include "transport/wire.h"
 
 namespace fastps {
 namespace {
-
-// A worker's connection as the server sees it: records the frames sent to it.
-class RecordingConn : public Connection {
- public:
-  explicit RecordingConn(uint32_t rank)
-      : Connection(Peer{rank, 0}, "worker " + std::to_string(rank)) {}
-  bool send(const FrameHeader& h, const void*, size_t, std::function<void()> on_sent) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      frames_.push_back(h);
-    }
-    if (on_sent) on_sent();
-    return true;
-  }
-  bool send_first(const FrameHeader& h) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    frames_.push_back(h);
-    return true;
-  }
-  bool closed() const override { return false; }
-  bool idle() override { return true; }
-  void shutdown_send() override {}
-  void shutdown_both() override {}
-  void set_pacing(double) override {}
-  void count_bytes(std::atomic<uint64_t>*, std::atomic<uint64_t>*) override {}
-  void count_unsent(std::atomic<int64_t>*) override {}
-
-  // Frames of this type sent so far for (tensor, part).
-  int count(MsgType type, uint64_t tensor, uint32_t part) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int n = 0;
-    for (auto& f : frames_)
-      if (f.type == static_cast<uint8_t>(type) && f.tensor == tensor && f.part == part) ++n;
-    return n;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<FrameHeader> frames_;
-};
 
 struct Job {
   uint32_t workers;

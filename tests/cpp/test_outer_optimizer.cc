@@ -19,6 +19,7 @@
 #include "kernels/half.h"
 #include "protocol/flags.h"
 #include "protocol/messages.h"
+#include "recording_conn.h"
 #include "server/outer_optimizer.h"
 #include "server/param_store.h"
 #include "transport/connection.h"
@@ -180,30 +181,6 @@ TEST(OuterHeader, WireLenOnlyForAValidCompressedDelta) {
   EXPECT_EQ(outer_wire_len(part.data(), part.size()), 1000u);
   EXPECT_EQ(outer_wire_len(part.data(), 10), 10u);
 }
-
-// Records every frame the store sends: the answers to the pushes.
-class RecordingConn : public Connection {
- public:
-  explicit RecordingConn(uint32_t rank)
-      : Connection(Peer{rank, 0}, "worker " + std::to_string(rank)) {}
-  bool send(const FrameHeader& h, const void* payload, size_t len,
-            std::function<void()> on_sent) override {
-    frames.push_back(h);
-    payloads.emplace_back(static_cast<const char*>(payload), len);
-    if (on_sent) on_sent();
-    return true;
-  }
-  bool send_first(const FrameHeader& h) override { return send(h, nullptr, 0, nullptr); }
-  bool closed() const override { return false; }
-  bool idle() override { return true; }
-  void shutdown_send() override {}
-  void shutdown_both() override {}
-  void set_pacing(double) override {}
-  void count_bytes(std::atomic<uint64_t>*, std::atomic<uint64_t>*) override {}
-  void count_unsent(std::atomic<int64_t>*) override {}
-  std::vector<FrameHeader> frames;
-  std::vector<std::string> payloads;
-};
 
 // One outer part (tensor 77, part 0) of `count` float64 parameters on a store of n workers.
 struct OuterPartFixture {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import List
 
 import pytest
 from jobs import WORKERS, Job
@@ -39,6 +40,18 @@ def test_shuffled_orders_finish_with_exact_sums(mode: str, window: str) -> None:
             assert w.popen.returncode == 0 and "ORDER-OK" in w.output, job.dump()
 
 
+def _nudged_per_worker(job: Job) -> List[int]:
+    """Waits for the order workers; each must end with exact sums and say how often it was
+    nudged."""
+    job.wait(120, job.workers())
+    nudged = []
+    for w in job.workers():
+        m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
+        assert w.popen.returncode == 0 and m, job.dump()
+        nudged.append(int(m.group(1)))
+    return nudged
+
+
 @pytest.mark.parametrize(
     "nudge, min_wait, nudged_some", [("1", "0", True), ("1", "60", False), ("0", "0", False)]
 )
@@ -62,12 +75,7 @@ def test_servers_nudge_the_last_pusher(nudge: str, min_wait: str, nudged_some: b
         server_hosts=["a", "b", "c"],
         env=env,
     ) as job:
-        job.wait(120, job.workers())
-        nudged = []
-        for w in job.workers():
-            m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
-            assert w.popen.returncode == 0 and m, job.dump()
-            nudged.append(int(m.group(1)))
+        nudged = _nudged_per_worker(job)
         if nudged_some:
             assert sum(nudged) > 0, (nudged, job.dump())
         else:
@@ -88,12 +96,7 @@ def test_four_workers_nudged_for_every_skipped_part_keep_exact_sums() -> None:
     with Job(
         4, 4, [ORDER_WORKER, "priority"], worker_hosts=hosts, server_hosts=hosts, env=env
     ) as job:
-        job.wait(120, job.workers())
-        nudged = []
-        for w in job.workers():
-            m = re.search(r"ORDER-OK rank \d+ nudged (\d+)", w.output)
-            assert w.popen.returncode == 0 and m, job.dump()
-            nudged.append(int(m.group(1)))
+        nudged = _nudged_per_worker(job)
         assert sum(nudged) > 0, (nudged, job.dump())
 
 
