@@ -405,14 +405,14 @@ class _Env:
             raise _bad(var, value, "must be a finite number of seconds > 0")
         return result
 
-    def seconds0(self, var: str, default: float) -> float:
-        """Seconds, where 0 means "off"."""
+    def seconds0(self, var: str, default: float, zero: str = "off") -> float:
+        """Seconds, where 0 means ``zero`` ("off" unless the variable says otherwise)."""
         value = self.raw(var)
         if value is None:
             return default
         result = self.convert(var, value, float, "a number of seconds")
         if not result >= 0 or result == float("inf"):
-            raise _bad(var, value, "must be a finite number of seconds >= 0 (0: off)")
+            raise _bad(var, value, f"must be a finite number of seconds >= 0 (0: {zero})")
         return result
 
 
@@ -867,8 +867,8 @@ class Config:
 
         shm = e.switch("FASTPS_SHM", True)
         nudge = e.switch("FASTPS_NUDGE", True)
-        nudge_min_wait = e.seconds0("FASTPS_NUDGE_MIN_WAIT", DEFAULT_NUDGE_MIN_WAIT)
-        nudge_overdue = e.seconds0("FASTPS_NUDGE_OVERDUE", DEFAULT_NUDGE_OVERDUE)
+        nudge_min_wait = e.seconds0("FASTPS_NUDGE_MIN_WAIT", DEFAULT_NUDGE_MIN_WAIT, "at once")
+        nudge_overdue = e.seconds0("FASTPS_NUDGE_OVERDUE", DEFAULT_NUDGE_OVERDUE, "at once")
         push_from_io = e.switch("FASTPS_PUSH_FROM_IO", True)
 
         partition_bytes = e.optional_size("FASTPS_PARTITION_BYTES")

@@ -42,6 +42,8 @@ def test_config_defaults() -> None:
     assert Config.from_env({"FASTPS_NUDGE_MIN_WAIT": "0.01"}).nudge_min_wait == 0.01
     assert Config.from_env({}).nudge_overdue == 0.05
     assert Config.from_env({"FASTPS_NUDGE_OVERDUE": "0.01"}).nudge_overdue == 0.01
+    with pytest.raises(FastPSError, match=r"FASTPS_NUDGE_OVERDUE='-1'.*>= 0 \(0: at once\)"):
+        Config.from_env({"FASTPS_NUDGE_OVERDUE": "-1"})
     assert not Config.from_env({}).elastic_servers and not Config.from_env({"FASTPS_SHM": "no"}).shm
     assert (cfg.conns_per_server, cfg.engine_threads) == (1, default_engine_threads())
     assert [default_engine_threads(n) for n in (1, 2, 3, 64)] == [0, 0, 2, 2]
