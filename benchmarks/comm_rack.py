@@ -50,13 +50,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import rack_common as rc  # noqa: E402
-from benchmarks.cpu_account import JobCpuSampler, MachineCpuSampler  # noqa: E402
+from benchmarks.cpu_account import (  # noqa: E402
+    BusyReader,
+    JobAndMachineSampler,
+    JobCpuSampler,
+    MachineCpuSampler,
+)
 from benchmarks.rack import linkstat  # noqa: E402
 
 SYSTEMS = ("fastps", "gloo", "mxnet")
@@ -356,10 +361,17 @@ class Runner:
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"comm-{system}-"))
             samples = self.sample_links(stack, f"{system}-{model}-n{n}-k{k}")
-            cpu = stack.enter_context(MachineCpuSampler())
-            job_cpu: Optional[JobCpuSampler] = None
+            # One sampler thread reads both counters where the job's cgroup is available
+            # (cpu_account.JobAndMachineSampler: a third of two samplers' own CPU).
+            job_cpu: Optional[JobAndMachineSampler] = None
+            cpu: BusyReader
             if JobCpuSampler.available():
-                job_cpu = stack.enter_context(JobCpuSampler(f"{args.prefix}-{system}-{port}"))
+                job_cpu = stack.enter_context(
+                    JobAndMachineSampler(f"{args.prefix}-{system}-{port}")
+                )
+                cpu = job_cpu.machine
+            else:
+                cpu = stack.enter_context(MachineCpuSampler())
             env = {"RACK_RESULT_DIR": tmp}
             wire_before = linkstat.namespace_counters(self.rack.switch_ns)
             if system == "fastps":
@@ -425,9 +437,7 @@ def _charge(job_cpu: JobCpuSampler, pids: Sequence[int]) -> None:
             continue
 
 
-def _cpu_per_iter(
-    cpu: Union[MachineCpuSampler, JobCpuSampler], out_dir: Path, iters: int
-) -> Optional[float]:
+def _cpu_per_iter(cpu: BusyReader, out_dir: Path, iters: int) -> Optional[float]:
     """Machine CPU seconds per timed iteration: each timed iteration spans from the first
     worker's start to the last worker's end (workers report wall-clock spans)."""
     spans = [r.get("spans") for r in rc.read_results(out_dir).values()]

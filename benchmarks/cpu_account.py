@@ -16,7 +16,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 _TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
@@ -123,28 +123,44 @@ def machine_busy_seconds() -> float:
     return (user + system + irq + softirq + steal) * _TICK
 
 
+class BusyReader(Protocol):
+    """What reads off CPU seconds inside wall-clock spans (a counter sampler, or one counter
+    of a sampler that reads several)."""
+
+    def busy_in(self, spans: List[Tuple[float, float]]) -> Optional[float]: ...
+
+
 class _CounterSampling(_Sampling):
     """Samples one growing counter of CPU seconds; reads off what it grew by inside given
     wall-clock spans (the timed iterations of a job)."""
 
     def _at(self, t: float) -> Optional[float]:
         """The counter at wall time ``t``, interpolated between the samples around it."""
-        s = self.samples
-        for (t0, b0), (t1, b1) in zip(s, s[1:]):
-            if t0 <= t <= t1:
-                return b0 if t1 == t0 else b0 + (b1 - b0) * (t - t0) / (t1 - t0)
-        return None
+        return _interpolate(self.samples, t)
 
     def busy_in(self, spans: List[Tuple[float, float]]) -> Optional[float]:
         """CPU seconds inside the wall-clock spans; None if a span lies outside the
         samples."""
-        total = 0.0
-        for a, b in spans:
-            ba, bb = self._at(a), self._at(b)
-            if ba is None or bb is None:
-                return None
-            total += bb - ba
-        return total
+        return _busy_in(self.samples, spans)
+
+
+def _interpolate(samples: List[Tuple[float, Any]], t: float) -> Optional[float]:
+    """A counter sampled as (wall time, value) pairs, at wall time ``t``: linear between the
+    samples around it; None outside them."""
+    for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            return float(b0 if t1 == t0 else b0 + (b1 - b0) * (t - t0) / (t1 - t0))
+    return None
+
+
+def _busy_in(samples: List[Tuple[float, Any]], spans: List[Tuple[float, float]]) -> Optional[float]:
+    total = 0.0
+    for a, b in spans:
+        ba, bb = _interpolate(samples, a), _interpolate(samples, b)
+        if ba is None or bb is None:
+            return None
+        total += bb - ba
+    return total
 
 
 class MachineCpuSampler(_CounterSampling):
@@ -193,6 +209,9 @@ class JobCpuSampler(_CounterSampling):
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
+        self._remove_group()
+
+    def _remove_group(self) -> None:
         # A cgroup is removed only when empty: move what is still alive to the root.
         for line in (_read(str(self.group / "cgroup.procs")) or "").split():
             try:
@@ -211,3 +230,74 @@ class JobCpuSampler(_CounterSampling):
     def sample(self) -> float:
         usage = _read(str(self.group / "cpuacct.usage"))
         return (int(usage) * 1e-9 if usage else 0.0) + machine_irq_seconds()
+
+
+class _KeptFile:
+    """A counter file read again and again from offset 0 on one descriptor (``pread``):
+    sampling every 10 ms, an ``open`` per reading cost about three times the read itself."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, size: int = 4096) -> bytes:
+        return os.pread(self.fd, size, 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _stat_seconds(first_line: bytes) -> Tuple[float, float]:
+    """(busy, interrupt + softirq) CPU seconds from /proc/stat's ``cpu`` line; busy as in
+    ``machine_busy_seconds``."""
+    vals = [int(v) for v in first_line.split()[1:9]] + [0] * 8
+    user, _nice, system, _idle, _iowait, irq, softirq, steal = vals[:8]
+    return (user + system + irq + softirq + steal) * _TICK, (irq + softirq) * _TICK
+
+
+class JobAndMachineSampler(JobCpuSampler):
+    """``JobCpuSampler`` and ``MachineCpuSampler`` in one: both counters read in the same
+    sample, on one thread, from files kept open. Sampling both every 10 ms on two threads
+    that opened each file anew cost about 8% of a core on the 2-core VM (2026-12-02), taken
+    from the job it measured; this costs about a third of that. ``busy_in`` is the job's
+    CPU, ``machine.busy_in`` the whole machine's."""
+
+    def __init__(self, name: str, interval: float = 0.01) -> None:
+        super().__init__(name, interval)
+        self._stat: Optional[_KeptFile] = None
+        self._usage: Optional[_KeptFile] = None
+        self.machine = _SeriesView(self, 1)
+
+    def __enter__(self) -> Any:
+        self.group.mkdir(exist_ok=True)
+        self._stat = _KeptFile("/proc/stat")
+        self._usage = _KeptFile(self.group / "cpuacct.usage")
+        return _Sampling.__enter__(self)
+
+    def __exit__(self, *exc: object) -> None:
+        _Sampling.__exit__(self, *exc)  # the thread stops before its files close
+        for f in (self._stat, self._usage):
+            if f is not None:
+                f.close()
+        self._remove_group()
+
+    def sample(self) -> Tuple[float, float]:  # type: ignore[override]
+        assert self._stat is not None and self._usage is not None
+        busy, irq = _stat_seconds(self._stat.read().split(b"\n", 1)[0])
+        usage = self._usage.read(64).strip()
+        return (int(usage) * 1e-9 if usage else 0.0) + irq, busy
+
+    def busy_in(self, spans: List[Tuple[float, float]]) -> Optional[float]:
+        return _busy_in([(t, v[0]) for t, v in self.samples], spans)
+
+
+class _SeriesView:
+    """One counter of a sampler whose samples hold several, read off like a sampler's."""
+
+    def __init__(self, sampler: _Sampling, index: int) -> None:
+        self.sampler = sampler
+        self.index = index
+
+    def busy_in(self, spans: List[Tuple[float, float]]) -> Optional[float]:
+        return _busy_in([(t, v[self.index]) for t, v in self.sampler.samples], spans)

@@ -7,12 +7,19 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import ab_rack
-from benchmarks.cpu_account import MachineCpuSampler, machine_busy_seconds
+from benchmarks.cpu_account import (
+    JobAndMachineSampler,
+    JobCpuSampler,
+    MachineCpuSampler,
+    machine_busy_seconds,
+)
 
 
 def test_cells_are_read_and_failed_rows_left_out(tmp_path: Path) -> None:
@@ -92,3 +99,32 @@ def test_machine_busy_seconds_grow_with_work() -> None:
             x += i
         b = machine_busy_seconds()
     assert b > a and len(s.samples) >= 2
+
+
+def test_job_and_machine_sampler_reads_both_counters_on_one_thread() -> None:
+    if not JobCpuSampler.available():
+        pytest.skip("needs root and cgroup v1 cpuacct")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass",
+        ]
+    )
+    try:
+        with JobAndMachineSampler(f"fastps-test-{os.getpid()}") as s:
+            s.add(child.pid)
+            child.wait(timeout=30)
+            time.sleep(0.05)
+        t0, t1 = s.samples[0][0], s.samples[-1][0]
+        job = s.busy_in([(t0, t1)])
+        machine = s.machine.busy_in([(t0, t1)])
+        assert job is not None and machine is not None
+        # The child's 0.3 CPU-seconds fall into both; the job's figure is the child's own
+        # (plus the machine's softirq), so it cannot exceed the machine's by much.
+        assert job >= 0.25 and machine >= 0.25
+        assert job <= machine + 0.05
+        assert not s.group.exists()  # removed on exit, its files closed first
+    finally:
+        child.kill()
+        child.wait()
