@@ -1,7 +1,7 @@
 #!/bin/bash
 # 800 MB from w0 to w1 over P = 1 and P = 6 concurrent connections, 6 pairs, on a 2-host rack
 # at 1 Gbit/s; the machine's busy CPU-seconds (/proc/stat: user, system, irq, softirq, steal)
-# around each transfer. Run as root from the repository root (2026-12-02, 17:30Z).
+# around each transfer. Run as root from the repository root (2026-12-02).
 set -euo pipefail
 here=$(dirname "$0")
 py=${PYTHON:-python3}
