@@ -113,14 +113,23 @@ class CpuSampler(_Sampling):
         return b_t - a_t, {k: delta(b.get(k, {}), a.get(k, {})) for k in b}
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds all CPUs of the machine have been busy since boot, from /proc/stat:
-    user + system + irq + softirq + steal. The ``nice`` column is left out so that work
+def _stat_seconds(first_line: bytes) -> Tuple[float, float]:
+    """(busy, interrupt + softirq) CPU seconds from /proc/stat's ``cpu`` line. Busy is
+    user + system + irq + softirq + steal: the ``nice`` column is left out so that work
     started with ``nice`` (a build beside the benchmark) does not count against the job."""
-    line = (_read("/proc/stat") or "cpu 0").splitlines()[0].split()
-    vals = [int(v) for v in line[1:]] + [0] * 10
+    vals = [int(v) for v in first_line.split()[1:9]] + [0] * 8
     user, _nice, system, _idle, _iowait, irq, softirq, steal = vals[:8]
-    return (user + system + irq + softirq + steal) * _TICK
+    return (user + system + irq + softirq + steal) * _TICK, (irq + softirq) * _TICK
+
+
+def _proc_stat_line() -> bytes:
+    return (_read("/proc/stat") or "cpu 0").splitlines()[0].encode()
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all CPUs of the machine have been busy since boot, from /proc/stat
+    (``_stat_seconds``)."""
+    return _stat_seconds(_proc_stat_line())[0]
 
 
 class BusyReader(Protocol):
@@ -179,9 +188,7 @@ class MachineCpuSampler(_CounterSampling):
 def machine_irq_seconds() -> float:
     """CPU seconds of interrupt and softirq work since boot (/proc/stat): the kernel's
     packet work, which no process is charged for."""
-    line = (_read("/proc/stat") or "cpu 0").splitlines()[0].split()
-    vals = [int(v) for v in line[1:]] + [0] * 10
-    return (vals[5] + vals[6]) * _TICK
+    return _stat_seconds(_proc_stat_line())[1]
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -248,14 +255,6 @@ class _KeptFile:
             self.fd = -1
 
 
-def _stat_seconds(first_line: bytes) -> Tuple[float, float]:
-    """(busy, interrupt + softirq) CPU seconds from /proc/stat's ``cpu`` line; busy as in
-    ``machine_busy_seconds``."""
-    vals = [int(v) for v in first_line.split()[1:9]] + [0] * 8
-    user, _nice, system, _idle, _iowait, irq, softirq, steal = vals[:8]
-    return (user + system + irq + softirq + steal) * _TICK, (irq + softirq) * _TICK
-
-
 class JobAndMachineSampler(JobCpuSampler):
     """``JobCpuSampler`` and ``MachineCpuSampler`` in one: both counters read in the same
     sample, on one thread, from files kept open. Sampling both every 10 ms on two threads
@@ -271,8 +270,14 @@ class JobAndMachineSampler(JobCpuSampler):
 
     def __enter__(self) -> Any:
         self.group.mkdir(exist_ok=True)
-        self._stat = _KeptFile("/proc/stat")
-        self._usage = _KeptFile(self.group / "cpuacct.usage")
+        try:
+            self._stat = _KeptFile("/proc/stat")
+            self._usage = _KeptFile(self.group / "cpuacct.usage")
+        except OSError:
+            if self._stat is not None:
+                self._stat.close()
+            self._remove_group()  # not left behind for the next run to trip over
+            raise
         return _Sampling.__enter__(self)
 
     def __exit__(self, *exc: object) -> None:

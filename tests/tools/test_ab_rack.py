@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import pytest
 
 from benchmarks import ab_rack
 from benchmarks.cpu_account import (
+    _TICK,
     JobAndMachineSampler,
     JobCpuSampler,
     MachineCpuSampler,
+    _stat_seconds,
     machine_busy_seconds,
 )
 
@@ -114,6 +117,8 @@ def test_job_and_machine_sampler_reads_both_counters_on_one_thread() -> None:
     try:
         with JobAndMachineSampler(f"fastps-test-{os.getpid()}") as s:
             s.add(child.pid)
+            names = [t.name for t in threading.enumerate()]
+            assert names.count("job-cpu") == 1 and "machine-cpu" not in names, names
             child.wait(timeout=30)
             time.sleep(0.05)
         t0, t1 = s.samples[0][0], s.samples[-1][0]
@@ -128,3 +133,12 @@ def test_job_and_machine_sampler_reads_both_counters_on_one_thread() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_stat_line_is_read_as_the_machine_samplers_read_it() -> None:
+    # Runs anywhere (no cgroup needed): the one parser both samplers use.
+    line = b"cpu  100 7 50 900 3 2 8 4 0 0"
+    busy, irq = _stat_seconds(line)
+    assert busy == pytest.approx((100 + 50 + 2 + 8 + 4) * _TICK)  # nice, idle, iowait left out
+    assert irq == pytest.approx((2 + 8) * _TICK)
+    assert _stat_seconds(b"cpu 5") == (pytest.approx(5 * _TICK), 0.0)  # short lines: zeros
