@@ -27,7 +27,7 @@ def test_detected_inside_an_emulated_host() -> None:
         "import json, os, sys; from fastps import linkspeed; "
         "print(json.dumps(linkspeed.detect_link_mbit(os.environ['FASTPS_HOST'])))"
     )
-    with Rack(2, 0, 300.0, prefix="fpsk") as rack:
+    with Rack(2, 0, 300.0, prefix="fpsl") as rack:
         proc = rack.spawn("w0", [sys.executable, "-c", probe])
         try:
             proc.wait(timeout=30)
